@@ -1,0 +1,123 @@
+// Package backend holds the pieces that lock backends share: holder state,
+// name escaping, and the adapters between a factory and lock.Locker.
+// Applications do not need it; authors of a new backend do, much as a
+// database/sql driver uses database/sql/driver.
+package backend
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// State tracks whether a holder still has its lock. The zero value is not
+// usable; call NewState.
+type State struct {
+	done  chan struct{}
+	mu    sync.Mutex
+	err   error
+	ended bool
+}
+
+// NewState returns the state of a freshly acquired lock.
+func NewState() *State { return &State{done: make(chan struct{})} }
+
+// Done is closed once the lock is released or lost.
+func (s *State) Done() <-chan struct{} { return s.done }
+
+// Err is nil while held and after a clean release, and the loss error after
+// Lose.
+func (s *State) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Lose records that the lock was lost with err (which should match
+// lock.ErrLockLost) and closes Done. It reports false, changing nothing, if
+// the lock had already been released or lost.
+func (s *State) Lose(err error) bool { return s.end(err) }
+
+// End records a clean release and closes Done. It reports false, changing
+// nothing, if the lock had already been released or lost.
+func (s *State) End() bool { return s.end(nil) }
+
+func (s *State) end(err error) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return false
+	}
+	s.ended, s.err = true, err
+	close(s.done)
+	return true
+}
+
+// Ended reports whether the lock was released or lost.
+func (s *State) Ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ended
+}
+
+// ReleaseTimeout bounds the work of a Release, which runs on a context of
+// its own because the caller's may already be cancelled.
+const ReleaseTimeout = 10 * time.Second
+
+// ReleaseContext returns the detached, bounded context a Release runs on.
+// It keeps ctx's values (trace ids for the logs) but not its cancellation.
+func ReleaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+}
+
+// maxEscaped is the longest escaped name kept verbatim; longer ones are
+// shortened and suffixed with a hash, which keeps file names under the
+// usual 255-byte limit with room for a slot suffix.
+const maxEscaped = 160
+
+// Escape maps a valid name injectively to a string of [A-Za-z0-9_-%~]
+// that contains no '/' or '.', so a backend can append ".0", ":fence" or
+// "/x" without meeting another name's key. Bytes outside [A-Za-z0-9_-] are
+// percent-encoded; a result longer than 160 bytes is cut to 96 and followed
+// by '~' and a SHA-256 of the whole name ('~' appears in no unhashed result).
+func Escape(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' {
+			b.WriteByte(c)
+			continue
+		}
+		const hexd = "0123456789ABCDEF"
+		b.WriteByte('%')
+		b.WriteByte(hexd[c>>4])
+		b.WriteByte(hexd[c&15])
+	}
+	s := b.String()
+	if len(s) <= maxEscaped {
+		return s
+	}
+	sum := sha256.Sum256([]byte(name))
+	cut := s[:96]
+	if i := strings.LastIndexByte(cut[len(cut)-2:], '%'); i >= 0 {
+		cut = cut[:len(cut)-2+i] // do not split a %XX escape
+	}
+	return cut + "~" + hex.EncodeToString(sum[:])
+}
+
+// Locker adapts a factory's Acquire to lock.Locker without hiding the
+// concrete holder type: callers can still assert lock.Extender on it.
+func Locker[H lock.Holder](acquire func(ctx context.Context, name string) (H, error)) lock.Locker {
+	return lock.LockerFunc(func(ctx context.Context, name string) (lock.Holder, error) {
+		h, err := acquire(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		return h, nil
+	})
+}

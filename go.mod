@@ -1,0 +1,3 @@
+module github.com/ubgo/lock
+
+go 1.24

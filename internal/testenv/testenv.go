@@ -1,0 +1,64 @@
+// Package testenv is what the family's integration tests share: service
+// endpoints from the environment, the rule for missing services, and
+// helpers to run the test binary as a child process.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Endpoints, from the environment with local defaults.
+func PostgresDSN() string {
+	return env("LOCK_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// RedisAddr is host:port of the Redis server the tests use.
+func RedisAddr() string { return env("LOCK_TEST_REDIS_ADDR", "127.0.0.1:6379") }
+
+// EtcdEndpoints are the etcd client endpoints the tests use.
+func EtcdEndpoints() []string {
+	return strings.Split(env("LOCK_TEST_ETCD_ENDPOINTS", "127.0.0.1:2379"), ",")
+}
+
+func env(key, dflt string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return dflt
+}
+
+// Required reports whether a missing service must fail the tests: under
+// CI=true or LOCK_REQUIRE_SERVICES=1.
+func Required() bool {
+	return os.Getenv("CI") == "true" || os.Getenv("LOCK_REQUIRE_SERVICES") == "1"
+}
+
+// Unavailable ends the test because service could not be reached: a skip
+// on a developer's machine, a failure where services are required.
+func Unavailable(t testing.TB, service string, err error) {
+	t.Helper()
+	if Required() {
+		t.Fatalf("%s unavailable (CI=true or LOCK_REQUIRE_SERVICES=1 makes this a failure; run scripts/services.sh up): %v", service, err)
+	}
+	t.Skipf("%s unavailable, skipping (run scripts/services.sh up): %v", service, err)
+}
+
+// ChildEnv is the variable that tells a re-executed test binary which child
+// role to play.
+const ChildEnv = "LOCK_TEST_CHILD"
+
+// Child returns the role this process was started to play by Command, or "".
+func Child() string { return os.Getenv(ChildEnv) }
+
+// Command returns a command that runs this test binary again as a child
+// playing role: the child's TestMain (or test) checks Child() and acts.
+// Only the named test runs, so the child does no other work.
+func Command(t testing.TB, role, test string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), ChildEnv+"="+role), env...)
+	return cmd
+}

@@ -1,0 +1,788 @@
+// Package locktest is the conformance suite for lock backends, in the spirit
+// of testing/fstest: a backend's tests call Run, and the suite checks every
+// guarantee of the family that can be observed through lock.Locker.
+//
+//	func TestConformance(t *testing.T) {
+//		f := memlock.NewFactory()
+//		locktest.Run(t, locktest.Backend{
+//			New:       func(t testing.TB, opts ...lock.Option) lock.Locker { return f.AsLocker(opts...) },
+//			ErrLocked: memlock.ErrLocked, ErrLockLost: memlock.ErrLockLost,
+//			Wait: true, Semaphore: true,
+//		})
+//	}
+package locktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// Backend describes the backend under test and the capabilities it claims;
+// the suite tests each claimed capability and skips the rest.
+type Backend struct {
+	// New returns a client of the backend's shared store: lockers from two
+	// calls must contend like two processes would. opts apply to every
+	// Acquire of the returned locker. Required.
+	New func(t testing.TB, opts ...lock.Option) lock.Locker
+	// ErrLocked and ErrLockLost are the backend's own sentinels. Required.
+	ErrLocked, ErrLockLost error
+
+	Wait      bool // honours lock.WithWait
+	Semaphore bool // honours lock.WithMaxConcurrent
+	Extend    bool // holders implement lock.Extender
+	// TTL, if set, is a short lease the suite may use to watch a lease that
+	// is not renewed run out; the backend honours lock.WithTTL and
+	// lock.WithAutoRenew(false).
+	TTL time.Duration
+	// Inspector, if set, returns the inspector of the store New uses.
+	Inspector func(t testing.TB) lock.Inspector
+	// Lose, if set, makes h lose its lock the way the backend can lose one
+	// in production (expired lease, killed session, removed marker).
+	Lose func(t testing.TB, h lock.Holder)
+	// LossBound is how long the backend may take to notice a loss caused
+	// by Lose. Default 10s.
+	LossBound time.Duration
+	// Workers and Rounds size the mutual exclusion test. Defaults 8 and 25.
+	Workers, Rounds int
+}
+
+// Run runs the conformance suite against b.
+func Run(t *testing.T, b Backend) {
+	t.Helper()
+	if b.New == nil || b.ErrLocked == nil || b.ErrLockLost == nil {
+		t.Fatal("locktest: Backend.New, ErrLocked and ErrLockLost are required")
+	}
+	if b.Workers == 0 {
+		b.Workers = 8
+	}
+	if b.Rounds == 0 {
+		b.Rounds = 25
+	}
+	if b.LossBound == 0 {
+		b.LossBound = 10 * time.Second
+	}
+	s := &suite{Backend: b, run: fmt.Sprintf("%x", time.Now().UnixNano())}
+	t.Run("Sentinels", s.sentinels)
+	t.Run("Exclusion", s.exclusion)
+	t.Run("MutualExclusion", s.mutualExclusion)
+	t.Run("Tokens", s.tokens)
+	t.Run("Release", s.release)
+	t.Run("ReleaseAfterCancel", s.releaseAfterCancel)
+	t.Run("CancelledAcquire", s.cancelledAcquire)
+	t.Run("WithLock", s.withLock)
+	t.Run("WithLockPanic", s.withLockPanic)
+	t.Run("Names", s.names)
+	t.Run("BadOptions", s.badOptions)
+	t.Run("Wait", s.wait)
+	t.Run("WaitTimeout", s.waitTimeout)
+	t.Run("WaitCancelMany", s.waitCancelMany)
+	t.Run("Semaphore", s.semaphore)
+	t.Run("SemaphoreExclusion", s.semaphoreExclusion)
+	t.Run("LimitMismatch", s.limitMismatch)
+	t.Run("Extend", s.extend)
+	t.Run("LeaseExpiry", s.leaseExpiry)
+	t.Run("Loss", s.loss)
+	t.Run("Inspect", s.inspect)
+	t.Run("Leaks", s.leaks)
+}
+
+type suite struct {
+	Backend
+	run string
+}
+
+// name returns a lock name unique to this test and process run, so that
+// state left in a shared server by earlier runs cannot interfere.
+func (s *suite) name(t testing.TB, suffix string) string {
+	return "locktest/" + s.run + "/" + t.Name() + "/" + suffix
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (s *suite) mustAcquire(t testing.TB, l lock.Locker, name string) lock.Holder {
+	t.Helper()
+	h, err := l.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", name, err)
+	}
+	if h == nil {
+		t.Fatalf("Acquire(%q) returned a nil Holder and no error", name)
+	}
+	return h
+}
+
+func (s *suite) mustRelease(t testing.TB, h lock.Holder) {
+	t.Helper()
+	if err := h.Release(); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+func (s *suite) mustBeLocked(t testing.TB, l lock.Locker, name string) {
+	t.Helper()
+	h, err := l.Acquire(ctxT(t), name)
+	if err == nil {
+		h.Release()
+		t.Fatalf("Acquire(%q) succeeded while the lock was held", name)
+	}
+	if !errors.Is(err, s.ErrLocked) || !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("Acquire(%q) on a held lock: %v; want an error matching the backend's ErrLocked and lock.ErrLocked", name, err)
+	}
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// eventually waits for ch to close, failing after d.
+func eventually(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("%s: not within %v", what, d)
+	}
+}
+
+func (s *suite) sentinels(t *testing.T) {
+	if !errors.Is(s.ErrLocked, lock.ErrLocked) {
+		t.Errorf("the backend's ErrLocked (%v) does not wrap lock.ErrLocked", s.ErrLocked)
+	}
+	if !errors.Is(s.ErrLockLost, lock.ErrLockLost) {
+		t.Errorf("the backend's ErrLockLost (%v) does not wrap lock.ErrLockLost", s.ErrLockLost)
+	}
+}
+
+// exclusion: two clients of the store, and the same client twice, conflict.
+func (s *suite) exclusion(t *testing.T) {
+	a, b := s.New(t), s.New(t)
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, a, name)
+	s.mustBeLocked(t, b, name)
+	s.mustBeLocked(t, a, name)
+	if closed(h.Done()) || h.Err() != nil {
+		t.Fatalf("a held lock reports Done closed or Err %v", h.Err())
+	}
+	s.mustRelease(t, h)
+	s.mustRelease(t, s.mustAcquire(t, b, name))
+}
+
+// checker detects overlapping critical sections and token inversions.
+type checker struct {
+	limit     int32
+	inside    atomic.Int32
+	mu        sync.Mutex
+	lastToken uint64
+	seen      map[uint64]bool
+	errs      []string
+}
+
+func (c *checker) enter(token uint64, ordered bool) {
+	if n := c.inside.Add(1); n > c.limit {
+		c.fail("%d holders inside at once (limit %d)", n, c.limit)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if token == 0 {
+		c.errs = append(c.errs, "token 0")
+	}
+	if c.seen[token] {
+		c.errs = append(c.errs, fmt.Sprintf("token %d handed out twice", token))
+	}
+	c.seen[token] = true
+	if ordered && token <= c.lastToken {
+		c.errs = append(c.errs, fmt.Sprintf("token %d entered after token %d", token, c.lastToken))
+	}
+	c.lastToken = max(c.lastToken, token)
+}
+
+func (c *checker) leave() { c.inside.Add(-1) }
+
+func (c *checker) fail(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.errs = append(c.errs, fmt.Sprintf(format, args...))
+}
+
+func (c *checker) report(t testing.TB) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.errs) > 0 {
+		if len(c.errs) > 10 {
+			c.errs = append(c.errs[:10], fmt.Sprintf("... and %d more", len(c.errs)-10))
+		}
+		t.Fatalf("exclusion violated:\n%s", strings.Join(c.errs, "\n"))
+	}
+}
+
+// hammer runs workers that each take name rounds times, checking that at
+// most limit are inside at once.
+func (s *suite) hammer(t *testing.T, name string, limit int, opts ...lock.Option) {
+	c := &checker{limit: int32(limit), seen: map[uint64]bool{}}
+	if s.Wait {
+		opts = append(opts, lock.WithWait())
+	}
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	errc := make(chan error, s.Workers)
+	for w := 0; w < s.Workers; w++ {
+		l := s.New(t, opts...) // a client per worker, like separate processes
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < s.Rounds; {
+				h, err := l.Acquire(ctx, name)
+				if errors.Is(err, lock.ErrLocked) && ctx.Err() == nil {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				c.enter(h.Token(), limit == 1)
+				runtime.Gosched()
+				time.Sleep(50 * time.Microsecond)
+				c.leave()
+				if err := h.Release(); err != nil {
+					errc <- fmt.Errorf("Release: %w", err)
+					return
+				}
+				r++
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+	c.report(t)
+	if want := s.Workers * s.Rounds; len(c.seen) != want {
+		t.Errorf("%d critical sections recorded, want %d", len(c.seen), want)
+	}
+}
+
+func (s *suite) mutualExclusion(t *testing.T) { s.hammer(t, s.name(t, "x"), 1) }
+
+func (s *suite) tokens(t *testing.T) {
+	a, b := s.New(t), s.New(t)
+	name := s.name(t, "x")
+	var last uint64
+	for i := 0; i < 20; i++ {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		h := s.mustAcquire(t, l, name)
+		if tok := h.Token(); tok == 0 || tok <= last {
+			t.Fatalf("acquire %d: token %d after %d; want > 0 and strictly increasing", i, tok, last)
+		}
+		last = h.Token()
+		if h.Token() != last {
+			t.Fatal("Token changed while held")
+		}
+		s.mustRelease(t, h)
+	}
+}
+
+func (s *suite) release(t *testing.T) {
+	l := s.New(t)
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, l, name)
+	s.mustRelease(t, h)
+	if err := h.Release(); err != nil {
+		t.Fatalf("second Release: %v; want nil (Release is idempotent)", err)
+	}
+	if !closed(h.Done()) {
+		t.Fatal("Done not closed after Release")
+	}
+	if err := h.Err(); err != nil {
+		t.Fatalf("Err after a clean Release = %v, want nil", err)
+	}
+	// Concurrent releases of a fresh holder are safe too.
+	h = s.mustAcquire(t, l, name)
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.Release() }()
+	}
+	wg.Wait()
+	s.mustRelease(t, s.mustAcquire(t, l, name))
+}
+
+func (s *suite) releaseAfterCancel(t *testing.T) {
+	l := s.New(t)
+	name := s.name(t, "x")
+	ctx, cancel := context.WithCancel(context.Background())
+	h, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if closed(h.Done()) {
+		t.Fatal("cancelling the Acquire context ended the lock")
+	}
+	s.mustBeLocked(t, s.New(t), name)
+	s.mustRelease(t, h)
+	s.mustRelease(t, s.mustAcquire(t, s.New(t), name))
+}
+
+func (s *suite) cancelledAcquire(t *testing.T) {
+	l := s.New(t)
+	name := s.name(t, "x")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	h, err := l.Acquire(ctx, name)
+	if err == nil {
+		h.Release()
+		t.Fatal("Acquire with a cancelled context succeeded")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire with a cancelled context: %v; want an error matching context.Canceled", err)
+	}
+	s.mustRelease(t, s.mustAcquire(t, s.New(t), name))
+}
+
+func (s *suite) withLock(t *testing.T) {
+	l := s.New(t)
+	name := s.name(t, "x")
+	boom := errors.New("boom")
+	ran := false
+	err := lock.WithLock(ctxT(t), l, name, func(ctx context.Context) error {
+		ran = true
+		s.mustBeLocked(t, s.New(t), name)
+		return boom
+	})
+	if !ran || !errors.Is(err, boom) {
+		t.Fatalf("WithLock = %v (ran %v); want fn's error", err, ran)
+	}
+	// Contention is reported, and fn does not run.
+	h := s.mustAcquire(t, l, name)
+	err = lock.WithLock(ctxT(t), s.New(t), name, func(context.Context) error {
+		t.Error("fn ran without the lock")
+		return nil
+	})
+	if !errors.Is(err, s.ErrLocked) {
+		t.Fatalf("WithLock on a held lock = %v; want ErrLocked", err)
+	}
+	s.mustRelease(t, h)
+}
+
+func (s *suite) withLockPanic(t *testing.T) {
+	l := s.New(t)
+	name := s.name(t, "x")
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v; want the panic of fn to continue", r)
+			}
+		}()
+		lock.WithLock(ctxT(t), l, name, func(context.Context) error { panic("boom") })
+	}()
+	s.mustRelease(t, s.mustAcquire(t, s.New(t), name))
+}
+
+func (s *suite) names(t *testing.T) {
+	l := s.New(t)
+	for _, bad := range []string{"", "a\x00b", "\xff\xfe", strings.Repeat("n", lock.MaxNameLen+1)} {
+		h, err := l.Acquire(ctxT(t), bad)
+		if err == nil {
+			h.Release()
+			t.Errorf("Acquire(%.20q) succeeded; want ErrInvalidName", bad)
+		} else if !errors.Is(err, lock.ErrInvalidName) {
+			t.Errorf("Acquire(%.20q) = %v; want ErrInvalidName", bad, err)
+		}
+	}
+	base := s.name(t, "")
+	long := base + strings.Repeat("L", lock.MaxNameLen-len(base)-1)
+	// Pairs of distinct names that must not interfere with each other.
+	pairs := [][2]string{
+		{base + "a", base + "a/b"},
+		{base + "a/b", base + "a%2Fb"},
+		{base + "x", base + "x.0"},
+		{base + "x", base + "x.lock"},
+		{base + "x", base + "x:fence"},
+		{base + "x", base + "X"},
+		{base + "x", "../../" + base + "x"},
+		{base + "ünï/cødé ☃", base + "ünï/cødé"},
+		{long + "1", long + "2"},
+	}
+	for _, p := range pairs {
+		h1 := s.mustAcquire(t, l, p[0])
+		h2, err := l.Acquire(ctxT(t), p[1])
+		if err != nil {
+			t.Errorf("holding %.40q, Acquire(%.40q) = %v; distinct names must not interfere", p[0], p[1], err)
+		} else {
+			s.mustBeLocked(t, s.New(t), p[1])
+			s.mustRelease(t, h2)
+		}
+		s.mustBeLocked(t, s.New(t), p[0])
+		s.mustRelease(t, h1)
+	}
+	if s.Semaphore {
+		// A semaphore's permits must not collide with a name that looks
+		// like one of its slots.
+		sem := s.New(t, lock.WithMaxConcurrent(2))
+		x := base + "sem"
+		h1, h2 := s.mustAcquire(t, sem, x), s.mustAcquire(t, sem, x)
+		for _, other := range []string{x + ".0", x + ".1", x + "/0", x + ":0", x + ".limit"} {
+			s.mustRelease(t, s.mustAcquire(t, l, other))
+		}
+		s.mustRelease(t, h1)
+		s.mustRelease(t, h2)
+	}
+}
+
+func (s *suite) badOptions(t *testing.T) {
+	for _, tc := range []struct {
+		what string
+		opt  lock.Option
+	}{
+		{"WithMaxConcurrent(0)", lock.WithMaxConcurrent(0)},
+		{"WithMaxConcurrent(-1)", lock.WithMaxConcurrent(-1)},
+		{"WithTTL(0)", lock.WithTTL(0)},
+		{"WithTTL(-1s)", lock.WithTTL(-time.Second)},
+	} {
+		h, err := s.New(t, tc.opt).Acquire(ctxT(t), s.name(t, "x"))
+		if err == nil {
+			h.Release()
+			t.Errorf("Acquire with %s succeeded; want ErrInvalidOption", tc.what)
+		} else if !errors.Is(err, lock.ErrInvalidOption) {
+			t.Errorf("Acquire with %s = %v; want ErrInvalidOption", tc.what, err)
+		}
+	}
+}
+
+func (s *suite) wait(t *testing.T) {
+	if !s.Wait {
+		t.Skip("backend does not claim WithWait")
+	}
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, s.New(t), name)
+	var released atomic.Bool
+	type result struct {
+		h   lock.Holder
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		h, err := s.New(t, lock.WithWait()).Acquire(ctxT(t), name)
+		got <- result{h, err}
+	}()
+	select {
+	case r := <-got:
+		t.Fatalf("a waiting Acquire returned while the lock was held: %v", r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	released.Store(true)
+	s.mustRelease(t, h)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiting Acquire: %v", r.err)
+	}
+	if !released.Load() {
+		t.Fatal("waiter acquired before the release")
+	}
+	if r.h.Token() <= h.Token() {
+		t.Fatalf("waiter's token %d not above the previous holder's %d", r.h.Token(), h.Token())
+	}
+	s.mustRelease(t, r.h)
+}
+
+func (s *suite) waitTimeout(t *testing.T) {
+	if !s.Wait {
+		t.Skip("backend does not claim WithWait")
+	}
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, s.New(t), name)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	w, err := s.New(t, lock.WithWait()).Acquire(ctx, name)
+	if err == nil {
+		w.Release()
+		t.Fatal("a wait on a held lock succeeded")
+	}
+	for _, want := range []error{s.ErrLocked, lock.ErrLocked, context.DeadlineExceeded} {
+		if !errors.Is(err, want) {
+			t.Errorf("wait that ran out = %v; want it to match %v", err, want)
+		}
+	}
+	s.mustRelease(t, h)
+	s.mustRelease(t, s.mustAcquire(t, s.New(t), name))
+}
+
+// waitCancelMany: waiters that give up must not keep or leak a permit.
+func (s *suite) waitCancelMany(t *testing.T) {
+	if !s.Wait {
+		t.Skip("backend does not claim WithWait")
+	}
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, s.New(t), name)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var won atomic.Int32
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := s.New(t, lock.WithWait()).Acquire(ctx, name)
+			if err == nil {
+				won.Add(1)
+				w.Release()
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	// Cancel the waiters while the lock is being released: a permit
+	// handed to a waiter that gave up must come back.
+	go s.mustRelease(t, h)
+	cancel()
+	wg.Wait()
+	s.mustRelease(t, s.mustAcquire(t, s.New(t), name))
+}
+
+func (s *suite) semaphore(t *testing.T) {
+	if !s.Semaphore {
+		t.Skip("backend does not claim WithMaxConcurrent")
+	}
+	name := s.name(t, "x")
+	l := s.New(t, lock.WithMaxConcurrent(3))
+	var hs []lock.Holder
+	tokens := map[uint64]bool{}
+	for i := 0; i < 3; i++ {
+		h := s.mustAcquire(t, l, name)
+		if tokens[h.Token()] || h.Token() == 0 {
+			t.Fatalf("permit %d has token %d, already handed out or zero", i, h.Token())
+		}
+		tokens[h.Token()] = true
+		hs = append(hs, h)
+	}
+	s.mustBeLocked(t, s.New(t, lock.WithMaxConcurrent(3)), name)
+	s.mustRelease(t, hs[1])
+	h := s.mustAcquire(t, s.New(t, lock.WithMaxConcurrent(3)), name)
+	if tokens[h.Token()] {
+		t.Fatalf("a new permit reused token %d", h.Token())
+	}
+	s.mustRelease(t, h)
+	s.mustRelease(t, hs[0])
+	s.mustRelease(t, hs[2])
+}
+
+func (s *suite) semaphoreExclusion(t *testing.T) {
+	if !s.Semaphore {
+		t.Skip("backend does not claim WithMaxConcurrent")
+	}
+	s.hammer(t, s.name(t, "x"), 3, lock.WithMaxConcurrent(3))
+}
+
+func (s *suite) limitMismatch(t *testing.T) {
+	if !s.Semaphore {
+		t.Skip("backend does not claim WithMaxConcurrent")
+	}
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, s.New(t, lock.WithMaxConcurrent(3)), name)
+	for _, n := range []int{1, 2, 4} {
+		w, err := s.New(t, lock.WithMaxConcurrent(n)).Acquire(ctxT(t), name)
+		if err == nil {
+			w.Release()
+			t.Errorf("holding %q with limit 3, Acquire with limit %d succeeded; want ErrLimitMismatch", name, n)
+		} else if !errors.Is(err, lock.ErrLimitMismatch) {
+			t.Errorf("holding with limit 3, Acquire with limit %d = %v; want ErrLimitMismatch", n, err)
+		}
+	}
+	s.mustRelease(t, h)
+}
+
+func (s *suite) extend(t *testing.T) {
+	if !s.Extend {
+		t.Skip("backend does not claim Extend")
+	}
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, s.New(t), name)
+	e, ok := h.(lock.Extender)
+	if !ok {
+		t.Fatalf("holder %T does not implement lock.Extender", h)
+	}
+	if err := e.Extend(ctxT(t)); err != nil {
+		t.Fatalf("Extend of a held lock: %v", err)
+	}
+	s.mustRelease(t, h)
+	if err := e.Extend(ctxT(t)); err == nil {
+		t.Fatal("Extend after Release succeeded")
+	}
+}
+
+func (s *suite) leaseExpiry(t *testing.T) {
+	if s.TTL == 0 {
+		t.Skip("backend does not claim a test TTL")
+	}
+	name := s.name(t, "x")
+	l := s.New(t, lock.WithTTL(s.TTL), lock.WithAutoRenew(false))
+	h := s.mustAcquire(t, l, name)
+	bound := 10*s.TTL + 5*time.Second
+	eventually(t, h.Done(), bound, "an unrenewed lease ending")
+	if !errors.Is(h.Err(), s.ErrLockLost) || !errors.Is(h.Err(), lock.ErrLockLost) {
+		t.Fatalf("Err after the lease ran out = %v; want ErrLockLost", h.Err())
+	}
+	h2 := s.mustAcquire(t, s.New(t), name)
+	if h2.Token() <= h.Token() {
+		t.Fatalf("successor token %d not above %d", h2.Token(), h.Token())
+	}
+	if err := h.Release(); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Release of an expired lock = %v; want ErrLockLost", err)
+	}
+	s.mustBeLocked(t, s.New(t), name) // the late Release freed nothing
+	if s.Extend {
+		if err := h.(lock.Extender).Extend(ctxT(t)); !errors.Is(err, lock.ErrLockLost) {
+			t.Fatalf("Extend of an expired lock = %v; want ErrLockLost", err)
+		}
+		s.mustBeLocked(t, s.New(t), name)
+	}
+	s.mustRelease(t, h2)
+
+	// Renewed in the background, the lock outlives several TTLs.
+	h = s.mustAcquire(t, s.New(t, lock.WithTTL(s.TTL), lock.WithAutoRenew(true)), name)
+	select {
+	case <-h.Done():
+		t.Fatalf("an auto-renewed lock was lost: %v", h.Err())
+	case <-time.After(3 * s.TTL):
+	}
+	s.mustBeLocked(t, s.New(t), name)
+	s.mustRelease(t, h)
+}
+
+func (s *suite) loss(t *testing.T) {
+	if s.Lose == nil {
+		t.Skip("backend gave no way to force a loss")
+	}
+	name := s.name(t, "x")
+	l := s.New(t)
+	var h lock.Holder
+	acquired := make(chan struct{})
+	err := lock.WithLock(ctxT(t), backendSpy(l, &h), name, func(ctx context.Context) error {
+		close(acquired)
+		s.Lose(t, h)
+		select {
+		case <-ctx.Done():
+			if !errors.Is(context.Cause(ctx), lock.ErrLockLost) {
+				t.Errorf("fn's context cause = %v; want ErrLockLost", context.Cause(ctx))
+			}
+			return ctx.Err()
+		case <-time.After(s.LossBound):
+			t.Errorf("fn's context not cancelled within %v of the loss", s.LossBound)
+			return nil
+		}
+	})
+	if !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, s.ErrLockLost) {
+		t.Fatalf("WithLock after a loss = %v; want an error matching ErrLockLost", err)
+	}
+	if !closed(h.Done()) || !errors.Is(h.Err(), lock.ErrLockLost) {
+		t.Fatalf("after a loss: Done closed %v, Err %v", closed(h.Done()), h.Err())
+	}
+	// The name is free again, for another client, within the bound.
+	deadline := time.Now().Add(s.LossBound)
+	for {
+		h2, err := s.New(t).Acquire(ctxT(t), name)
+		if err == nil {
+			if h2.Token() <= h.Token() {
+				t.Errorf("token after a loss %d not above %d", h2.Token(), h.Token())
+			}
+			s.mustRelease(t, h2)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("name not free %v after a loss: %v", s.LossBound, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// backendSpy returns a locker that records the holder it hands out.
+func backendSpy(l lock.Locker, h *lock.Holder) lock.Locker {
+	return lock.LockerFunc(func(ctx context.Context, name string) (lock.Holder, error) {
+		got, err := l.Acquire(ctx, name)
+		*h = got
+		return got, err
+	})
+}
+
+func (s *suite) inspect(t *testing.T) {
+	if s.Inspector == nil {
+		t.Skip("backend gave no Inspector")
+	}
+	in := s.Inspector(t)
+	name := s.name(t, "x")
+	info, err := in.Inspect(ctxT(t), name)
+	if err != nil || len(info.Holders) != 0 {
+		t.Fatalf("Inspect of a free name = %+v, %v; want no holders", info, err)
+	}
+	h := s.mustAcquire(t, s.New(t, lock.WithOwner("locktest-owner")), name)
+	info, err = in.Inspect(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Holders) != 1 || info.Holders[0].Token != h.Token() {
+		t.Fatalf("Inspect of a held name = %+v; want one holder with token %d", info, h.Token())
+	}
+	s.mustRelease(t, h)
+	info, err = in.Inspect(ctxT(t), name)
+	if err != nil || len(info.Holders) != 0 {
+		t.Fatalf("Inspect after Release = %+v, %v; want no holders", info, err)
+	}
+	if _, err := in.Inspect(ctxT(t), ""); !errors.Is(err, lock.ErrInvalidName) {
+		t.Fatalf("Inspect(\"\") = %v; want ErrInvalidName", err)
+	}
+}
+
+// leaks: after warm-up, a round of acquires, waits and releases leaves no
+// goroutine behind.
+func (s *suite) leaks(t *testing.T) {
+	name := s.name(t, "x")
+	l := s.New(t)
+	cycle := func() {
+		h := s.mustAcquire(t, l, name)
+		if s.Wait {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			if w, err := s.New(t, lock.WithWait()).Acquire(ctx, name); err == nil {
+				w.Release()
+			}
+			cancel()
+		}
+		lock.WithLock(ctxT(t), l, name+"/w", func(context.Context) error { return nil })
+		s.mustRelease(t, h)
+	}
+	cycle() // let backends start their per-factory machinery
+	time.Sleep(50 * time.Millisecond)
+	base := runtime.NumGoroutine()
+	for i := 0; i < 10; i++ {
+		cycle()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines after release, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,368 @@
+// Package memlock is an in-process lock backend: the one to wire in tests,
+// and a correct choice for goroutines of a single process.
+//
+// It keeps the whole contract of the family — fencing tokens, semaphores
+// with checked limits, FIFO waiting, leases with TTL and renewal — and adds
+// hooks that let tests drive the failure paths of the code under test:
+// ForceLoss makes holders lose their lock, and a ManualClock expires leases
+// on demand.
+package memlock
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// Errors, matching the root sentinels with errors.Is.
+var (
+	ErrLocked   = fmt.Errorf("memlock: %w", lock.ErrLocked)
+	ErrLockLost = fmt.Errorf("memlock: %w", lock.ErrLockLost)
+)
+
+const backendName = "memlock"
+
+// Factory hands out locks kept in its own memory. Two factories never
+// contend; share one factory between the parts of a test that should.
+type Factory struct {
+	opts  lock.Options
+	err   error
+	clock Clock
+
+	mu     sync.Mutex
+	names  map[string]*entry
+	tokens map[string]uint64 // last token per name, kept for the factory's life
+	closed bool
+}
+
+type entry struct {
+	limit   int
+	holders map[*Holder]struct{}
+	waiters list.List // of *waiter, FIFO
+}
+
+type waiter struct {
+	limit int
+	opts  *lock.Options
+	ctx   context.Context
+	start time.Time
+	grant chan *Holder // buffered 1; receives the holder when granted
+}
+
+// NewFactory returns a factory whose options are the defaults for every
+// call. An invalid option is reported by the first Acquire.
+func NewFactory(opts ...Option) *Factory {
+	o, err := lock.Apply(lock.Options{}, opts...)
+	f := &Factory{opts: o, err: err, clock: systemClock{}, names: map[string]*entry{}, tokens: map[string]uint64{}}
+	if c, ok := o.Value(clockKey{}).(Clock); ok {
+		f.clock = c
+	}
+	return f
+}
+
+// Acquire takes name. On contention it returns an error matching ErrLocked
+// at once, or with WithWait waits in FIFO order until a permit is handed to
+// it or ctx ends.
+func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
+	return f.acquire(ctx, name, false, opts)
+}
+
+func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
+	start := time.Now()
+	o, err := f.resolve(name, opts)
+	if err != nil {
+		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
+		return nil, err
+	}
+	r := o.Renew(renew)
+	o.AutoRenew = &r
+	h, wait, err := f.take(ctx, name, &o)
+	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
+	if h != nil {
+		e.Token = h.token
+	}
+	o.Report(ctx, e)
+	return h, err
+}
+
+func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
+	if f.err != nil {
+		return f.opts, f.err
+	}
+	o, err := lock.Apply(f.opts, opts...)
+	if err != nil {
+		return o, err
+	}
+	return o, lock.ValidateName(name)
+}
+
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	limit := o.Limit()
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil, 0, lock.ErrClosed
+	}
+	e := f.names[name]
+	if e == nil {
+		e = &entry{limit: limit, holders: map[*Holder]struct{}{}}
+		f.names[name] = e
+	}
+	if e.limit != limit {
+		f.mu.Unlock()
+		return nil, 0, fmt.Errorf("memlock: %w: %q has limit %d, caller asked for %d", lock.ErrLimitMismatch, name, e.limit, limit)
+	}
+	if len(e.holders) < e.limit && e.waiters.Len() == 0 {
+		h := f.grantLocked(ctx, name, e, o)
+		f.mu.Unlock()
+		return h, 0, nil
+	}
+	if !o.Wait {
+		f.mu.Unlock()
+		return nil, 0, ErrLocked
+	}
+	w := &waiter{limit: limit, opts: o, ctx: ctx, start: time.Now(), grant: make(chan *Holder, 1)}
+	el := e.waiters.PushBack(w)
+	f.mu.Unlock()
+
+	select {
+	case h := <-w.grant:
+		if h == nil {
+			return nil, time.Since(w.start), lock.ErrClosed
+		}
+		return h, time.Since(w.start), nil
+	case <-ctx.Done():
+	}
+	f.mu.Lock()
+	select {
+	case h := <-w.grant: // granted while we gave up: hand it on
+		f.mu.Unlock()
+		if h != nil {
+			h.Release()
+		}
+	default:
+		e.waiters.Remove(el)
+		f.dropIfIdleLocked(name, e)
+		f.mu.Unlock()
+	}
+	return nil, time.Since(w.start), lock.NewWaitError(ErrLocked, ctx)
+}
+
+// grantLocked makes a new holder of name. f.mu is held.
+func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *lock.Options) *Holder {
+	f.tokens[name]++
+	h := &Holder{
+		f: f, name: name, e: e, opts: o, token: f.tokens[name],
+		state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: f.clock.Now(),
+	}
+	e.holders[h] = struct{}{}
+	if o.TTL > 0 && !*o.AutoRenew {
+		h.expires = h.since.Add(o.TTL)
+		h.stop = f.clock.AfterFunc(o.TTL, h.expire)
+	}
+	return h
+}
+
+// removeLocked takes h out of its entry and hands the permit to the next
+// waiter. f.mu is held.
+func (f *Factory) removeLocked(h *Holder) bool {
+	if _, ok := h.e.holders[h]; !ok {
+		return false
+	}
+	delete(h.e.holders, h)
+	if h.stop != nil {
+		h.stop()
+	}
+	for len(h.e.holders) < h.e.limit && h.e.waiters.Len() > 0 {
+		w := h.e.waiters.Remove(h.e.waiters.Front()).(*waiter)
+		w.grant <- f.grantLocked(w.ctx, h.name, h.e, w.opts)
+	}
+	f.dropIfIdleLocked(h.name, h.e)
+	return true
+}
+
+func (f *Factory) dropIfIdleLocked(name string, e *entry) {
+	if len(e.holders) == 0 && e.waiters.Len() == 0 && f.names[name] == e {
+		delete(f.names, name)
+	}
+}
+
+// WithLock runs fn while holding name; see lock.WithLock. Leases renew
+// automatically unless WithAutoRenew(false) is given.
+func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
+	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
+}
+
+// AsLocker returns the factory as a lock.Locker whose every Acquire uses
+// opts. Its holders are *Holder values; leases renew automatically unless
+// WithAutoRenew(false) is given.
+func (f *Factory) AsLocker(opts ...Option) lock.Locker {
+	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
+		return f.acquire(ctx, name, true, opts)
+	})
+}
+
+// Inspect reports the current holders of name.
+func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
+	if err := lock.ValidateName(name); err != nil {
+		return lock.Info{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	info := lock.Info{Name: name}
+	e := f.names[name]
+	if e == nil || len(e.holders) == 0 {
+		return info, nil
+	}
+	info.Limit = e.limit
+	for h := range e.holders {
+		info.Holders = append(info.Holders, lock.HolderInfo{
+			Token: h.token, Owner: h.opts.Owner, Since: h.since, Expires: h.expires, Metadata: h.opts.Metadata,
+		})
+	}
+	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
+	return info, nil
+}
+
+// ForceLoss makes every current holder of name lose its lock, as an expired
+// lease or a dead session would: Done closes, Err matches ErrLockLost,
+// WithLock's context is cancelled, and waiters are granted the freed
+// permits. It returns how many holders lost the lock.
+func (f *Factory) ForceLoss(name string) int {
+	f.mu.Lock()
+	var lost []*Holder
+	if e := f.names[name]; e != nil {
+		for h := range e.holders {
+			lost = append(lost, h)
+		}
+		for _, h := range lost {
+			f.removeLocked(h)
+		}
+	}
+	f.mu.Unlock()
+	for _, h := range lost {
+		h.lose()
+	}
+	return len(lost)
+}
+
+// Close makes every held lock lost and every waiter and later Acquire fail
+// with lock.ErrClosed.
+func (f *Factory) Close() error {
+	f.mu.Lock()
+	f.closed = true
+	var lost []*Holder
+	for _, e := range f.names {
+		for h := range e.holders {
+			lost = append(lost, h)
+		}
+		for el := e.waiters.Front(); el != nil; el = el.Next() {
+			el.Value.(*waiter).grant <- nil
+		}
+		e.waiters.Init()
+		e.holders = map[*Holder]struct{}{}
+	}
+	clear(f.names)
+	f.mu.Unlock()
+	for _, h := range lost {
+		if h.stop != nil {
+			h.stop()
+		}
+		h.lose()
+	}
+	return nil
+}
+
+// Holder is one held lock or semaphore permit.
+type Holder struct {
+	f       *Factory
+	name    string
+	e       *entry
+	opts    *lock.Options
+	token   uint64
+	state   *backend.State
+	ctx     context.Context // the Acquire context without its cancellation, for reports
+	since   time.Time
+	expires time.Time   // zero without a lease; guarded by f.mu
+	stop    func() bool // stops the expiry timer; guarded by f.mu
+}
+
+// Token is the fencing token, strictly increasing per name.
+func (h *Holder) Token() uint64 { return h.token }
+
+// Done is closed when the lock is released or lost.
+func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
+
+// Err is nil while held or after Release, and matches ErrLockLost once lost.
+func (h *Holder) Err() error { return h.state.Err() }
+
+// Release gives the lock up. It is idempotent; after a loss it returns an
+// error matching ErrLockLost.
+func (h *Holder) Release() error {
+	h.f.mu.Lock()
+	removed := h.f.removeLocked(h)
+	h.f.mu.Unlock()
+	if removed && h.state.End() {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since)})
+	}
+	return h.state.Err()
+}
+
+// Extend renews the lease for another TTL. It fails with ErrLockLost once
+// the lock is gone; without a TTL it only checks that the lock is held.
+func (h *Holder) Extend(ctx context.Context) error {
+	start := time.Now()
+	h.f.mu.Lock()
+	_, held := h.e.holders[h]
+	if held && h.stop != nil {
+		h.stop()
+		h.expires = h.f.clock.Now().Add(h.opts.TTL)
+		h.stop = h.f.clock.AfterFunc(h.opts.TTL, h.expire)
+	}
+	h.f.mu.Unlock()
+	var err error
+	if !held {
+		err = ErrLockLost
+	}
+	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	return err
+}
+
+func (h *Holder) expire() {
+	h.f.mu.Lock()
+	due := !h.expires.IsZero() && !h.f.clock.Now().Before(h.expires)
+	removed := due && h.f.removeLocked(h)
+	h.f.mu.Unlock()
+	if removed {
+		h.lose()
+	}
+}
+
+func (h *Holder) lose() {
+	if h.state.Lose(ErrLockLost) {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: ErrLockLost})
+	}
+}
+
+// Name is the name the lock was acquired under.
+func (h *Holder) Name() string { return h.name }
+
+// Waiting reports how many Acquire calls are waiting for name; tests use it
+// to know a waiter has queued.
+func (f *Factory) Waiting(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e := f.names[name]; e != nil {
+		return e.waiters.Len()
+	}
+	return 0
+}

@@ -1,0 +1,211 @@
+package memlock_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/locktest"
+	"github.com/ubgo/lock/memlock"
+)
+
+func TestConformance(t *testing.T) {
+	f := memlock.NewFactory()
+	locktest.Run(t, locktest.Backend{
+		New:         func(t testing.TB, opts ...lock.Option) lock.Locker { return f.AsLocker(opts...) },
+		ErrLocked:   memlock.ErrLocked,
+		ErrLockLost: memlock.ErrLockLost,
+		Wait:        true,
+		Semaphore:   true,
+		Extend:      true,
+		TTL:         50 * time.Millisecond,
+		Inspector:   func(testing.TB) lock.Inspector { return f },
+		Lose:        func(t testing.TB, h lock.Holder) { f.ForceLoss(h.(*memlock.Holder).Name()) },
+	})
+}
+
+func TestManualClockExpiresLease(t *testing.T) {
+	clock := memlock.NewManualClock(time.Unix(0, 0))
+	f := memlock.NewFactory(memlock.WithClock(clock), memlock.WithTTL(time.Minute))
+	ctx := context.Background()
+	h, err := f.Acquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(59 * time.Second)
+	if h.Err() != nil {
+		t.Fatal("lease ended before its TTL")
+	}
+	if err := h.Extend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(59 * time.Second)
+	if h.Err() != nil {
+		t.Fatal("extended lease ended early")
+	}
+	clock.Advance(time.Second)
+	<-h.Done()
+	if !errors.Is(h.Err(), memlock.ErrLockLost) {
+		t.Fatalf("Err = %v", h.Err())
+	}
+	if err := h.Extend(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Extend after expiry = %v", err)
+	}
+	h2, err := f.Acquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Release(); !errors.Is(err, memlock.ErrLockLost) {
+		t.Fatalf("late Release = %v", err)
+	}
+	if _, err := f.Acquire(ctx, "job"); !errors.Is(err, memlock.ErrLocked) {
+		t.Fatalf("late Release freed the successor: %v", err)
+	}
+	h2.Release()
+}
+
+func TestWaitIsFIFO(t *testing.T) {
+	f := memlock.NewFactory()
+	ctx := context.Background()
+	h, _ := f.Acquire(ctx, "q")
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < 5; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := f.Acquire(ctx, "q", memlock.WithWait())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			w.Release()
+		}()
+		// Wait until waiter i is queued before starting the next.
+		for queued(f, "q") < i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	h.Release()
+	wg.Wait()
+	for i, v := range order {
+		if v != i {
+			t.Fatalf("hand-off order %v, want FIFO", order)
+		}
+	}
+}
+
+func queued(f *memlock.Factory, name string) int { return f.Waiting(name) }
+
+func TestForceLossCancelsWithLock(t *testing.T) {
+	f := memlock.NewFactory()
+	err := f.WithLock(context.Background(), "w", func(ctx context.Context) error {
+		if n := f.ForceLoss("w"); n != 1 {
+			t.Errorf("ForceLoss = %d", n)
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !errors.Is(err, memlock.ErrLockLost) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("WithLock = %v", err)
+	}
+}
+
+func TestCloseFailsWaiters(t *testing.T) {
+	f := memlock.NewFactory()
+	h, _ := f.Acquire(context.Background(), "c")
+	errc := make(chan error)
+	go func() {
+		_, err := f.Acquire(context.Background(), "c", memlock.WithWait())
+		errc <- err
+	}()
+	for f.Waiting("c") == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	f.Close()
+	if err := <-errc; !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("waiter after Close: %v", err)
+	}
+	if !errors.Is(h.Err(), lock.ErrLockLost) {
+		t.Fatalf("holder after Close: %v", h.Err())
+	}
+	if _, err := f.Acquire(context.Background(), "d"); !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+}
+
+func TestObserver(t *testing.T) {
+	var mu sync.Mutex
+	var got []lock.Event
+	obs := lock.ObserverFunc(func(_ context.Context, e lock.Event) {
+		mu.Lock()
+		got = append(got, e)
+		mu.Unlock()
+	})
+	f := memlock.NewFactory(memlock.WithObserver(obs))
+	ctx := context.Background()
+	h, _ := f.Acquire(ctx, "o")
+	f.Acquire(ctx, "o")
+	h.Release()
+	want := []struct {
+		op  lock.Op
+		out lock.Outcome
+	}{{lock.OpAcquire, lock.OutcomeOK}, {lock.OpAcquire, lock.OutcomeLocked}, {lock.OpRelease, lock.OutcomeOK}}
+	if len(got) != len(want) {
+		t.Fatalf("events %+v", got)
+	}
+	for i, w := range want {
+		if got[i].Op != w.op || got[i].Outcome != w.out || got[i].Backend != "memlock" {
+			t.Errorf("event %d = %+v, want %v/%v", i, got[i], w.op, w.out)
+		}
+	}
+}
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	f := memlock.NewFactory(memlock.WithLogger(nil))
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		h, err := f.Acquire(ctx, "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Release()
+	}
+}
+
+// BenchmarkHandoff measures the time from one goroutine's Release to the
+// waiting goroutine's Acquire returning.
+func BenchmarkHandoff(b *testing.B) {
+	f := memlock.NewFactory(memlock.WithLogger(nil))
+	ctx := context.Background()
+	h, _ := f.Acquire(ctx, "pp")
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		got := make(chan *memlock.Holder)
+		go func() {
+			w, err := f.Acquire(ctx, "pp", memlock.WithWait())
+			if err != nil {
+				b.Error(err)
+			}
+			got <- w
+		}()
+		for f.Waiting("pp") == 0 {
+			runtime.Gosched()
+		}
+		start := time.Now()
+		h.Release()
+		h = <-got
+		total += time.Since(start)
+	}
+	h.Release()
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/handoff")
+}

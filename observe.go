@@ -1,0 +1,122 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Op names the operation an Event reports.
+type Op string
+
+// The operations backends report.
+const (
+	OpAcquire Op = "acquire"
+	OpRelease Op = "release"
+	OpExtend  Op = "extend"
+	OpLost    Op = "lost" // the backend noticed the lock was lost
+)
+
+// Outcome classifies how an operation ended. The set is closed, so it is
+// safe as a metric label.
+type Outcome string
+
+// The outcomes.
+const (
+	OutcomeOK       Outcome = "ok"
+	OutcomeLocked   Outcome = "locked"   // contention: someone else holds it
+	OutcomeCanceled Outcome = "canceled" // the caller's context ended
+	OutcomeLost     Outcome = "lost"     // the lock was no longer ours
+	OutcomeError    Outcome = "error"    // the backend failed
+)
+
+// OutcomeOf classifies err.
+func OutcomeOf(err error) Outcome {
+	switch {
+	case err == nil:
+		return OutcomeOK
+	case errors.Is(err, ErrLocked):
+		return OutcomeLocked
+	case errors.Is(err, ErrLockLost):
+		return OutcomeLost
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return OutcomeCanceled
+	}
+	return OutcomeError
+}
+
+// An Event describes one lock operation.
+//
+// Backend, Op and Outcome take few values and are what metrics should be
+// labelled with (see Labels). Name is unbounded (every tenant, every job
+// id): it goes to logs and traces, not to metric labels.
+type Event struct {
+	Backend string
+	Op      Op
+	Outcome Outcome
+	Name    string
+	Token   uint64
+	Latency time.Duration // the whole operation, waiting included
+	Wait    time.Duration // time spent waiting for another holder (WithWait)
+	Held    time.Duration // for release and lost: how long the lock was held
+	Err     error
+}
+
+// Labels returns the event's bounded metric labels as key/value pairs.
+func (e Event) Labels() [3][2]string {
+	return [3][2]string{{"backend", e.Backend}, {"op", string(e.Op)}, {"outcome", string(e.Outcome)}}
+}
+
+// An Observer receives every Event, synchronously, with the context of the
+// operation (for lost locks, the context the lock was acquired with, without
+// its cancellation). Implementations must be fast and safe for concurrent
+// use.
+type Observer interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// ObserverFunc adapts a function to the Observer interface.
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f(ctx, e).
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// Report logs e and hands it to the observer. Backends call it once per
+// operation; the outcome is derived from e.Err when left empty.
+func (o *Options) Report(ctx context.Context, e Event) {
+	if e.Outcome == "" {
+		e.Outcome = OutcomeOf(e.Err)
+	}
+	if o.Observer != nil {
+		o.Observer.Observe(ctx, e)
+	}
+	level := slog.LevelDebug
+	switch {
+	case e.Op == OpLost, e.Outcome == OutcomeError, e.Outcome == OutcomeLost:
+		level = slog.LevelWarn
+	}
+	log := o.Log()
+	if !log.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("backend", e.Backend),
+		slog.String("name", e.Name),
+		slog.String("outcome", string(e.Outcome)),
+		slog.Duration("latency", e.Latency),
+	}
+	if e.Token != 0 {
+		attrs = append(attrs, slog.Uint64("token", e.Token))
+	}
+	if e.Wait != 0 {
+		attrs = append(attrs, slog.Duration("wait", e.Wait))
+	}
+	if e.Held != 0 {
+		attrs = append(attrs, slog.Duration("held", e.Held))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.Any("err", e.Err))
+	}
+	log.LogAttrs(ctx, level, "lock "+string(e.Op), attrs...)
+}

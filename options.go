@@ -1,0 +1,177 @@
+package lock
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"time"
+)
+
+// An Option configures a backend. The same options are accepted by every
+// backend's NewFactory (as defaults) and by each Acquire or WithLock call
+// (overriding the defaults for that call). Backends re-export the ones they
+// honour under the same names, and add their own with WithValue.
+type Option func(*Options)
+
+// Options is the resolved configuration of one Acquire. Backends read it;
+// applications set it through Option values.
+type Options struct {
+	MaxConcurrent int               // permits per name; 1 (a mutex) unless set
+	Wait          bool              // wait for the lock instead of failing with ErrLocked
+	TTL           time.Duration     // lease length, for backends that lease; 0 means the backend's default
+	KeyPrefix     string            // namespace for the backend's keys
+	Dir           string            // directory for file-based backends
+	Owner         string            // who holds the lock, for operators (a trace or job id)
+	Metadata      map[string]string // free-form, shown by Inspect and in markers
+	AutoRenew     *bool             // renew leases in the background; nil means the backend's default
+	Logger        *slog.Logger      // nil: slog.Default(); see WithLogger
+	Observer      Observer          // metrics and tracing hook; nil: none
+
+	noLog  bool
+	values map[any]any
+	errs   []error
+}
+
+// Apply returns a copy of base with opts applied in order. The error matches
+// ErrInvalidOption when any option was given a value it cannot take.
+func Apply(base Options, opts ...Option) (Options, error) {
+	o := base
+	o.errs = nil
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	err := errors.Join(append(base.errs[:len(base.errs):len(base.errs)], o.errs...)...)
+	return o, err
+}
+
+func (o *Options) invalid(format string, args ...any) {
+	o.errs = append(o.errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...))
+}
+
+// Invalid records that an option was given a value it cannot take; Apply
+// then returns an error matching ErrInvalidOption. Backends use it in their
+// own options.
+func (o *Options) Invalid(msg string) { o.invalid("%s", msg) }
+
+// Limit is MaxConcurrent with its default applied.
+func (o *Options) Limit() int {
+	if o.MaxConcurrent == 0 {
+		return 1
+	}
+	return o.MaxConcurrent
+}
+
+// Renew reports whether leases renew in the background, given the
+// backend's default for the calling context.
+func (o *Options) Renew(dflt bool) bool {
+	if o.AutoRenew == nil {
+		return dflt
+	}
+	return *o.AutoRenew
+}
+
+// Log returns the logger to report through, never nil.
+func (o *Options) Log() *slog.Logger {
+	switch {
+	case o.noLog:
+		return discard
+	case o.Logger != nil:
+		return o.Logger
+	}
+	return slog.Default()
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// Value returns the backend-specific setting stored under key by WithValue,
+// or nil.
+func (o *Options) Value(key any) any { return o.values[key] }
+
+// WithMaxConcurrent turns the name into a semaphore with n permits. Every
+// holder of a name must use the same n; a different n gets ErrLimitMismatch.
+func WithMaxConcurrent(n int) Option {
+	return func(o *Options) {
+		if n < 1 {
+			o.invalid("WithMaxConcurrent(%d): need at least 1", n)
+			return
+		}
+		o.MaxConcurrent = n
+	}
+}
+
+// WithWait makes Acquire wait until the lock is free or its context ends,
+// instead of failing at once with ErrLocked.
+func WithWait() Option { return func(o *Options) { o.Wait = true } }
+
+// WithTTL sets the lease length of lease backends: how long a crashed
+// holder keeps the lock before it frees by itself.
+func WithTTL(d time.Duration) Option {
+	return func(o *Options) {
+		if d <= 0 {
+			o.invalid("WithTTL(%v): must be positive", d)
+			return
+		}
+		o.TTL = d
+	}
+}
+
+// WithKeyPrefix puts every key the backend writes under prefix, so that
+// several applications can share one server.
+func WithKeyPrefix(prefix string) Option { return func(o *Options) { o.KeyPrefix = prefix } }
+
+// WithDir sets the directory of file-based backends.
+func WithDir(dir string) Option {
+	return func(o *Options) {
+		if dir == "" {
+			o.invalid("WithDir(\"\"): empty directory")
+			return
+		}
+		o.Dir = dir
+	}
+}
+
+// WithOwner records who holds the lock (a job id, a trace id) where
+// operators and Inspect can see it.
+func WithOwner(owner string) Option { return func(o *Options) { o.Owner = owner } }
+
+// WithMetadata adds a key/value pair shown by Inspect and in markers.
+func WithMetadata(key, value string) Option {
+	return func(o *Options) {
+		o.Metadata = maps.Clone(o.Metadata)
+		if o.Metadata == nil {
+			o.Metadata = map[string]string{}
+		}
+		o.Metadata[key] = value
+	}
+}
+
+// WithAutoRenew turns background renewal of leases on or off. Backends
+// renew inside WithLock and AsLocker by default, and not for a bare
+// Acquire, whose caller renews with Extend.
+func WithAutoRenew(on bool) Option { return func(o *Options) { o.AutoRenew = &on } }
+
+// WithLogger sets the logger. Acquisitions, releases and contention are
+// logged at Debug, failures at Warn, lost locks at Warn. A nil logger turns
+// logging off.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *Options) { o.Logger, o.noLog = l, l == nil }
+}
+
+// WithObserver sets the hook that receives an Event for every operation,
+// for metrics and tracing.
+func WithObserver(obs Observer) Option { return func(o *Options) { o.Observer = obs } }
+
+// WithValue stores a backend-specific setting under key, which should be of
+// an unexported type of the backend's, as with context.WithValue.
+func WithValue(key, value any) Option {
+	return func(o *Options) {
+		o.values = maps.Clone(o.values)
+		if o.values == nil {
+			o.values = map[any]any{}
+		}
+		o.values[key] = value
+	}
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every test of every module with -race, after bringing up the services
+# the integration tests use. Under CI=true (or LOCK_REQUIRE_SERVICES=1) a
+# service that cannot be reached fails the run instead of being skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${CI:-}" = true ]; then export LOCK_REQUIRE_SERVICES=1; fi
+if ! scripts/services.sh up; then
+	if [ "${LOCK_REQUIRE_SERVICES:-}" = 1 ]; then
+		echo "services could not be started" >&2
+		exit 1
+	fi
+	echo "warning: some services are down; their tests will skip" >&2
+fi
+
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	printf 'not gofmt-formatted:\n%s\n' "$unformatted" >&2
+	exit 1
+fi
+
+status=0
+for dir in $(go list -m -f '{{.Dir}}'); do
+	echo "=== $(go list -m -f '{{.Path}}' -C "$dir" 2>/dev/null || echo "$dir")"
+	(cd "$dir" && go vet ./... && go test -race -count=1 -timeout 9m ./...) || status=1
+done
+exit $status
