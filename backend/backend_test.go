@@ -1,0 +1,59 @@
+package backend_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+func TestEscape(t *testing.T) {
+	for in, want := range map[string]string{
+		"nightly-import":    "nightly-import",
+		"a/b":               "a%2Fb",
+		"x.0":               "x%2E0",
+		"../../etc/passwd":  "%2E%2E%2F%2E%2E%2Fetc%2Fpasswd",
+		"stripe-event:ev_1": "stripe-event%3Aev_1",
+	} {
+		if got := backend.Escape(in); got != want {
+			t.Errorf("Escape(%q) = %q, want %q", in, got, want)
+		}
+	}
+	long := strings.Repeat("é", lock.MaxNameLen/2)
+	if e := backend.Escape(long); len(e) > 200 || !strings.Contains(e, "~") {
+		t.Errorf("long name escaped to %d bytes: %q", len(e), e)
+	}
+}
+
+func FuzzEscape(f *testing.F) {
+	for _, s := range []string{"a", "a/b", "a%2Fb", "x.0", "x:fence", "../../x", "~", strings.Repeat("%", 100), strings.Repeat("ab", 200)} {
+		f.Add(s, s+"/")
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if lock.ValidateName(a) != nil || lock.ValidateName(b) != nil {
+			return
+		}
+		ea, eb := backend.Escape(a), backend.Escape(b)
+		if (a == b) != (ea == eb) {
+			t.Fatalf("Escape(%q) = %q, Escape(%q) = %q", a, ea, b, eb)
+		}
+		if strings.ContainsAny(ea, "/.\x00") || len(ea) > 200 {
+			t.Fatalf("Escape(%q) = %q: unsafe as a file name or key segment", a, ea)
+		}
+	})
+}
+
+func TestState(t *testing.T) {
+	s := backend.NewState()
+	if s.Ended() || s.Err() != nil {
+		t.Fatal("new state ended")
+	}
+	if !s.Lose(lock.ErrLockLost) || s.End() || s.Lose(lock.ErrLockLost) {
+		t.Fatal("a state ends once")
+	}
+	<-s.Done()
+	if s.Err() != lock.ErrLockLost {
+		t.Fatal(s.Err())
+	}
+}

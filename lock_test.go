@@ -1,0 +1,157 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+var errToyLost = fmt.Errorf("toy: %w", lock.ErrLockLost)
+
+// stub is a holder whose behaviour each test sets.
+type stub struct {
+	state      *backend.State
+	releaseErr error
+	released   int
+}
+
+func newStub() *stub                  { return &stub{state: backend.NewState()} }
+func (s *stub) Token() uint64         { return 1 }
+func (s *stub) Done() <-chan struct{} { return s.state.Done() }
+func (s *stub) Err() error            { return s.state.Err() }
+func (s *stub) Release() error        { s.released++; s.state.End(); return s.releaseErr }
+func (s *stub) locker() lock.Locker {
+	return lock.LockerFunc(func(context.Context, string) (lock.Holder, error) { return s, nil })
+}
+
+func TestWithLockReleases(t *testing.T) {
+	s := newStub()
+	err := lock.WithLock(context.Background(), s.locker(), "n", func(context.Context) error { return nil })
+	if err != nil || s.released != 1 {
+		t.Fatalf("err %v, released %d", err, s.released)
+	}
+}
+
+func TestWithLockJoinsReleaseError(t *testing.T) {
+	s := newStub()
+	fnErr, relErr := errors.New("fn"), errors.New("release")
+	s.releaseErr = relErr
+	err := lock.WithLock(context.Background(), s.locker(), "n", func(context.Context) error { return fnErr })
+	if !errors.Is(err, fnErr) || !errors.Is(err, relErr) {
+		t.Fatalf("err = %v; want both fn's and Release's errors", err)
+	}
+}
+
+func TestWithLockPanicReleasesThenRepanics(t *testing.T) {
+	s := newStub()
+	defer func() {
+		if r := recover(); r != "boom" || s.released != 1 {
+			t.Fatalf("recovered %v, released %d", r, s.released)
+		}
+	}()
+	lock.WithLock(context.Background(), s.locker(), "n", func(context.Context) error { panic("boom") })
+}
+
+func TestWithLockCancelsOnLoss(t *testing.T) {
+	s := newStub()
+	err := lock.WithLock(context.Background(), s.locker(), "n", func(ctx context.Context) error {
+		s.state.Lose(errToyLost)
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), lock.ErrLockLost) {
+			t.Errorf("cause = %v", context.Cause(ctx))
+		}
+		return nil
+	})
+	// fn returned nil, but its work was not protected to the end: say so.
+	if !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("err = %v; want ErrLockLost", err)
+	}
+}
+
+func TestWithLockAcquireError(t *testing.T) {
+	l := lock.LockerFunc(func(context.Context, string) (lock.Holder, error) { return nil, lock.ErrLocked })
+	ran := false
+	err := lock.WithLock(context.Background(), l, "n", func(context.Context) error { ran = true; return nil })
+	if ran || !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("ran %v err %v", ran, err)
+	}
+}
+
+func TestValidateName(t *testing.T) {
+	for _, ok := range []string{"a", "a/b", "../../etc/passwd", "ünï ☃", strings.Repeat("x", lock.MaxNameLen)} {
+		if err := lock.ValidateName(ok); err != nil {
+			t.Errorf("ValidateName(%.20q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "a\x00", "\xff", strings.Repeat("x", lock.MaxNameLen+1)} {
+		if err := lock.ValidateName(bad); !errors.Is(err, lock.ErrInvalidName) {
+			t.Errorf("ValidateName(%.20q) = %v; want ErrInvalidName", bad, err)
+		}
+	}
+}
+
+func TestApplyOptions(t *testing.T) {
+	base, err := lock.Apply(lock.Options{}, lock.WithTTL(time.Second), lock.WithMetadata("a", "1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := lock.Apply(base, lock.WithMetadata("b", "2"), lock.WithMaxConcurrent(3), lock.WithWait())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.TTL != time.Second || o.Limit() != 3 || !o.Wait || len(o.Metadata) != 2 {
+		t.Fatalf("options %+v", o)
+	}
+	if len(base.Metadata) != 1 {
+		t.Fatal("a per-call option changed the defaults it was applied to")
+	}
+	if base.Limit() != 1 || base.Renew(true) != true || base.Renew(false) != false {
+		t.Fatal("defaults")
+	}
+	for _, bad := range []lock.Option{lock.WithTTL(0), lock.WithTTL(-1), lock.WithMaxConcurrent(0), lock.WithDir("")} {
+		if _, err := lock.Apply(base, bad); !errors.Is(err, lock.ErrInvalidOption) {
+			t.Errorf("bad option accepted: %v", err)
+		}
+	}
+	// An invalid default is reported by every later Apply.
+	bad, _ := lock.Apply(lock.Options{}, lock.WithTTL(-1))
+	if _, err := lock.Apply(bad, lock.WithWait()); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("invalid default forgotten: %v", err)
+	}
+}
+
+func TestWaitError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
+	defer cancel()
+	<-ctx.Done()
+	backendLocked := fmt.Errorf("toy: %w", lock.ErrLocked)
+	err := lock.NewWaitError(backendLocked, ctx)
+	for _, want := range []error{backendLocked, lock.ErrLocked, context.DeadlineExceeded} {
+		if !errors.Is(err, want) {
+			t.Errorf("%v does not match %v", err, want)
+		}
+	}
+	if lock.OutcomeOf(err) != lock.OutcomeLocked {
+		t.Errorf("outcome %v", lock.OutcomeOf(err))
+	}
+}
+
+func TestOutcomeOf(t *testing.T) {
+	for err, want := range map[error]lock.Outcome{
+		nil:                   lock.OutcomeOK,
+		lock.ErrLocked:        lock.OutcomeLocked,
+		errToyLost:            lock.OutcomeLost,
+		context.Canceled:      lock.OutcomeCanceled,
+		errors.New("network"): lock.OutcomeError,
+	} {
+		if got := lock.OutcomeOf(err); got != want {
+			t.Errorf("OutcomeOf(%v) = %v, want %v", err, got, want)
+		}
+	}
+}

@@ -1,0 +1,51 @@
+package memlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/memlock"
+)
+
+func Example() {
+	locks := memlock.NewFactory()
+	ctx := context.Background()
+
+	h, _ := locks.Acquire(ctx, "nightly-import")
+	_, err := locks.Acquire(ctx, "nightly-import")
+	fmt.Println("second acquire locked:", errors.Is(err, lock.ErrLocked))
+	h.Release()
+
+	h2, _ := locks.Acquire(ctx, "nightly-import")
+	fmt.Println("next token is larger:", h2.Token() > h.Token())
+	h2.Release()
+	// Output:
+	// second acquire locked: true
+	// next token is larger: true
+}
+
+// Tests of code that must stop when its lock is lost force the loss.
+func ExampleFactory_ForceLoss() {
+	locks := memlock.NewFactory()
+	err := locks.WithLock(context.Background(), "export", func(ctx context.Context) error {
+		locks.ForceLoss("export") // as if the lease had expired
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	fmt.Println(errors.Is(err, lock.ErrLockLost))
+	// Output: true
+}
+
+// A ManualClock expires leases without sleeping.
+func ExampleManualClock() {
+	clock := memlock.NewManualClock(time.Now())
+	locks := memlock.NewFactory(memlock.WithClock(clock), memlock.WithTTL(5*time.Minute))
+	h, _ := locks.Acquire(context.Background(), "daily-export")
+	clock.Advance(5 * time.Minute)
+	<-h.Done()
+	fmt.Println(h.Err())
+	// Output: memlock: lock: lock lost
+}
