@@ -22,7 +22,7 @@ fi
 
 status=0
 for dir in $(go list -m -f '{{.Dir}}'); do
-	echo "=== $(go list -m -f '{{.Path}}' -C "$dir" 2>/dev/null || echo "$dir")"
+	echo "=== module ${dir#"$PWD"}/"
 	(cd "$dir" && go vet ./... && go test -race -count=1 -timeout 9m ./...) || status=1
 done
 exit $status
