@@ -88,26 +88,40 @@ func WithLock(ctx context.Context, l Locker, name string, fn func(ctx context.Co
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(ctx)
+	defer releaseInto(h, &err)
+	hctx, stop := heldContext(ctx, h)
+	defer stop()
+	return fn(hctx)
+}
+
+// heldContext returns a context that is cancelled when h's lock ends: with
+// h.Err() as the cause when it was lost, ErrLockLost when it ended some other
+// way behind the caller's back. stop cancels it and ends the watch.
+func heldContext(ctx context.Context, h Holder) (hctx context.Context, stop func()) {
+	hctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		select {
 		case <-h.Done():
-			if lerr := h.Err(); lerr != nil {
-				cancel(lerr)
+			cause := h.Err()
+			if cause == nil {
+				cause = ErrLockLost
 			}
-		case <-fctx.Done():
+			cancel(cause)
+		case <-hctx.Done():
 		}
 	}()
-	defer func() {
-		cancel(nil)
-		lost := h.Err()
-		rerr := h.Release()
-		if rerr == nil && lost != nil {
-			rerr = lost
-		}
-		if rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-	}()
-	return fn(fctx)
+	return hctx, func() { cancel(nil) }
+}
+
+// releaseInto releases h and joins a release error, or the loss of the lock
+// while it was held, to *err.
+func releaseInto(h Holder, err *error) {
+	lost := h.Err()
+	rerr := h.Release()
+	if rerr == nil && lost != nil {
+		rerr = lost
+	}
+	if rerr != nil {
+		*err = errors.Join(*err, rerr)
+	}
 }

@@ -1,0 +1,199 @@
+package locktest
+
+// RunFence and RunLedger check implementations of lock.Fence and
+// lock.Ledger, as Run checks lockers: a durable store (a Postgres table, a
+// Redis script, etcd, files) calls them from its tests with a constructor for
+// clients of one shared store.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// NewFence returns a client of the store under test. Clients from two calls
+// must share the store the way two processes would.
+type NewFence func(t testing.TB) lock.Fence
+
+// NewLedger returns a client of the store under test, like NewFence.
+type NewLedger func(t testing.TB) lock.Ledger
+
+// prefix makes keys unique to this run, so state left in a shared server
+// by earlier runs cannot interfere.
+func prefix(t testing.TB) string {
+	return fmt.Sprintf("locktest/%x/%s/", time.Now().UnixNano(), t.Name())
+}
+
+// RunFence checks that the fence accepts a token only when it is at least
+// the highest accepted for its key, atomically, across clients, over the
+// whole uint64 range.
+func RunFence(t *testing.T, newFence NewFence) {
+	t.Run("Order", func(t *testing.T) {
+		f, other := newFence(t), newFence(t)
+		k := prefix(t) + "k"
+		for i, s := range []struct {
+			f     lock.Fence
+			token uint64
+			ok    bool
+		}{
+			{f, 0, false},
+			{f, 3, true},
+			{f, 3, true},
+			{other, 2, false}, // seen through another client
+			{other, 4, true},
+			{f, 3, false},
+			{f, 5, true},
+		} {
+			err := s.f.RejectIfStale(ctxT(t), k, s.token)
+			switch {
+			case s.ok && err != nil:
+				t.Fatalf("step %d: token %d: %v", i, s.token, err)
+			case !s.ok && !errors.Is(err, lock.ErrStaleToken):
+				t.Fatalf("step %d: token %d: %v, want ErrStaleToken", i, s.token, err)
+			case !s.ok && (errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost)):
+				t.Fatalf("step %d: ErrStaleToken must not match lock errors: %v", i, err)
+			}
+		}
+	})
+	t.Run("Keys", func(t *testing.T) {
+		f := newFence(t)
+		p := prefix(t)
+		// Keys that a careless mapping to storage would let collide.
+		keys := []string{p + "a", p + "a/b", p + "a:fence", p + "a.0", p + "A", p + "ünï ☃", p + "a%2Fb"}
+		for i, k := range keys {
+			if err := f.RejectIfStale(ctxT(t), k, uint64(100-i)); err != nil {
+				t.Fatalf("key %q: %v; distinct keys must not share a fence", k, err)
+			}
+		}
+	})
+	t.Run("LargeTokens", func(t *testing.T) {
+		f := newFence(t)
+		k := prefix(t) + "k"
+		// 2^53+1 is where doubles (Lua numbers, JSON) stop being exact;
+		// 2^63 is where signed 64-bit columns overflow.
+		for _, tok := range []uint64{1 << 53, 1<<53 + 1, 1 << 63, 1<<63 + 1, math.MaxUint64} {
+			if err := f.RejectIfStale(ctxT(t), k, tok); err != nil {
+				t.Fatalf("token %d after a lower one: %v", tok, err)
+			}
+			if err := f.RejectIfStale(ctxT(t), k, tok-1); !errors.Is(err, lock.ErrStaleToken) {
+				t.Fatalf("token %d after %d: %v, want ErrStaleToken", tok-1, tok, err)
+			}
+		}
+	})
+	t.Run("Atomic", func(t *testing.T) {
+		// A read-then-write implementation lets a lower token overwrite a
+		// higher one under concurrency; the highest accepted token is then
+		// forgotten, and one just below it gets through.
+		k := prefix(t) + "k"
+		clients := []lock.Fence{newFence(t), newFence(t)}
+		var mu sync.Mutex
+		var top uint64
+		var wg sync.WaitGroup
+		for w := 0; w < 8; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f := clients[w%2]
+				for i := 0; i < 40; i++ {
+					tok := uint64(rand.IntN(1000) + 2)
+					err := f.RejectIfStale(ctxT(t), k, tok)
+					if err != nil && !errors.Is(err, lock.ErrStaleToken) {
+						t.Error(err)
+						return
+					}
+					if err == nil {
+						mu.Lock()
+						top = max(top, tok)
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err := clients[0].RejectIfStale(ctxT(t), k, top-1); !errors.Is(err, lock.ErrStaleToken) {
+			t.Fatalf("after %d was accepted, %d got %v: a concurrent lower token overwrote it", top, top-1, err)
+		}
+		if err := clients[1].RejectIfStale(ctxT(t), k, top); err != nil {
+			t.Fatalf("the highest token %d is refused: %v", top, err)
+		}
+	})
+	t.Run("Cancelled", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := newFence(t).RejectIfStale(ctx, prefix(t)+"k", 1); err == nil {
+			t.Fatal("a call on a cancelled context reported success")
+		}
+	})
+}
+
+// RunLedger checks that the ledger records each key once, first record
+// wins, idempotently, and that the record is seen by every client.
+func RunLedger(t *testing.T, newLedger NewLedger) {
+	t.Run("Record", func(t *testing.T) {
+		l, other := newLedger(t), newLedger(t)
+		k := prefix(t) + "k"
+		if done, err := l.Done(ctxT(t), k); done || err != nil {
+			t.Fatalf("fresh key: done %v err %v", done, err)
+		}
+		if err := l.MarkDone(ctxT(t), k, 7); err != nil {
+			t.Fatal(err)
+		}
+		if done, err := other.Done(ctxT(t), k); !done || err != nil {
+			t.Fatalf("after MarkDone, another client: done %v err %v", done, err)
+		}
+		if err := other.MarkDone(ctxT(t), k, 9); err != nil {
+			t.Fatalf("a second MarkDone must be a no-op, got %v", err)
+		}
+		if err := l.MarkDone(ctxT(t), prefix(t)+"big", math.MaxUint64); err != nil {
+			t.Fatalf("token MaxUint64: %v", err)
+		}
+	})
+	t.Run("Keys", func(t *testing.T) {
+		l := newLedger(t)
+		p := prefix(t)
+		if err := l.MarkDone(ctxT(t), p+"a", 1); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{p + "a/b", p + "a:done", p + "a.0", p + "A", p + "a ", p + "a@2026-01-01T00:00:00Z"} {
+			if done, err := l.Done(ctxT(t), k); done || err != nil {
+				t.Fatalf("key %q: done %v err %v; only %q was recorded", k, done, err, p+"a")
+			}
+		}
+	})
+	t.Run("Concurrent", func(t *testing.T) {
+		k := prefix(t) + "k"
+		clients := []lock.Ledger{newLedger(t), newLedger(t)}
+		var wg sync.WaitGroup
+		for w := 0; w < 8; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := clients[w%2].MarkDone(ctxT(t), k, uint64(w+1)); err != nil {
+					t.Errorf("concurrent MarkDone: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		if done, err := clients[0].Done(ctxT(t), k); !done || err != nil {
+			t.Fatalf("done %v err %v", done, err)
+		}
+	})
+	t.Run("Cancelled", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		l := newLedger(t)
+		if done, err := l.Done(ctx, prefix(t)+"k"); done || err == nil {
+			t.Fatalf("Done on a cancelled context: done %v err %v; want an error", done, err)
+		}
+		if err := l.MarkDone(ctx, prefix(t)+"k", 1); err == nil {
+			t.Fatal("MarkDone on a cancelled context reported success")
+		}
+	})
+}
