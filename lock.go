@@ -71,10 +71,11 @@ type Info struct {
 // zero.
 type HolderInfo struct {
 	Token    uint64
-	Owner    string            // backend identity: pid@host, backend pid, lease id, ...
+	ID       string            // the backend's identity of the holder: pid@host, backend pid, lease id, ...
+	Owner    string            // set with WithOwner
 	Since    time.Time         // when the lock was acquired
 	Expires  time.Time         // lease expiry; zero for session and kernel locks
-	Metadata map[string]string // set with WithOwner and WithMetadata
+	Metadata map[string]string // set with WithMetadata
 }
 
 // WithLock acquires name from l, runs fn, and releases the lock.

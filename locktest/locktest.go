@@ -555,7 +555,9 @@ func (s *suite) waitCancelMany(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	// Cancel the waiters while the lock is being released: a permit
 	// handed to a waiter that gave up must come back.
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		if err := h.Release(); err != nil {
 			t.Errorf("Release: %v", err)
 		}
@@ -747,6 +749,9 @@ func (s *suite) inspect(t *testing.T) {
 	}
 	if len(info.Holders) != 1 || info.Holders[0].Token != h.Token() {
 		t.Fatalf("Inspect of a held name = %+v; want one holder with token %d", info, h.Token())
+	}
+	if got := info.Holders[0].Owner; got != "locktest-owner" {
+		t.Errorf("Inspect: Owner = %q; want the WithOwner value %q", got, "locktest-owner")
 	}
 	s.mustRelease(t, h)
 	info, err = in.Inspect(ctxT(t), name)

@@ -1,0 +1,472 @@
+//go:build linux
+
+package filelock_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ubgo/lock/filelock"
+	"github.com/ubgo/lock/internal/testenv"
+)
+
+// The fault tests run this test binary again as child processes that hold,
+// hammer or race for locks, and kill or stop them for real. A child writes
+// "@@ "-prefixed lines on stdout and ends when its stdin closes.
+
+func TestChild(t *testing.T) {
+	role := testenv.Child()
+	if role == "" {
+		t.Skip("runs only as a child process of the fault tests")
+	}
+	dir, name := os.Getenv("FILELOCK_DIR"), os.Getenv("FILELOCK_NAME")
+	ttl, _ := time.ParseDuration(os.Getenv("FILELOCK_TTL"))
+	if ttl == 0 {
+		ttl = filelock.DefaultStaleAfter
+	}
+	f := filelock.NewFactory(filelock.WithDir(dir), filelock.WithStaleAfter(ttl), filelock.WithLogger(nil))
+	defer f.Close()
+	stdinClosed := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(stdinClosed) }()
+	say := func(format string, args ...any) { fmt.Printf("@@ "+format+"\n", args...) }
+	ctx := context.Background()
+
+	switch role {
+	case "hold":
+		// Hold name, refreshed in the background, until stdin closes.
+		h, err := f.AsLocker().Acquire(ctx, name)
+		if err != nil {
+			say("ERR %v", err)
+			return
+		}
+		say("ACQUIRED %d", h.Token())
+		select {
+		case <-h.Done():
+			say("LOST %v", h.Err())
+			<-stdinClosed
+		case <-stdinClosed:
+			if err := h.Release(); err != nil {
+				say("ERR release: %v", err)
+			}
+		}
+
+	case "hammer":
+		// Take name again and again for a while; a file created with
+		// O_EXCL inside the critical section catches any overlap, and an
+		// append-only log records the tokens in the order they entered.
+		d, _ := time.ParseDuration(os.Getenv("FILELOCK_FOR"))
+		inside, logPath := filepath.Join(dir, "inside"), filepath.Join(dir, "entries")
+		logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			say("ERR %v", err)
+			return
+		}
+		defer logf.Close()
+		n := 0
+		for end := time.Now().Add(d); time.Now().Before(end); n++ {
+			h, err := f.Acquire(ctx, name, filelock.WithWait())
+			if err != nil {
+				say("ERR %v", err)
+				return
+			}
+			mark, err := os.OpenFile(inside, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			if err != nil {
+				say("OVERLAP %v", err)
+			} else {
+				mark.Close()
+			}
+			fmt.Fprintf(logf, "%d %d\n", h.Token(), os.Getpid())
+			time.Sleep(200 * time.Microsecond)
+			if err == nil {
+				os.Remove(inside)
+			}
+			if err := h.Release(); err != nil {
+				say("ERR release: %v", err)
+				return
+			}
+		}
+		say("COUNT %d", n)
+
+	case "race":
+		// At agreed instants, try once for each of a series of names whose
+		// markers are stale; keep whatever is won until stdin closes.
+		t0, _ := strconv.ParseInt(os.Getenv("FILELOCK_T0"), 10, 64)
+		rounds, _ := strconv.Atoi(os.Getenv("FILELOCK_ROUNDS"))
+		var won []*filelock.Holder
+		for r := 0; r < rounds; r++ {
+			time.Sleep(time.Until(time.Unix(0, t0).Add(time.Duration(r) * 15 * time.Millisecond)))
+			h, err := f.Acquire(ctx, fmt.Sprintf("%s-%d", name, r))
+			switch {
+			case err == nil:
+				won = append(won, h)
+				say("WON %d %d", r, h.Token())
+			case errors.Is(err, filelock.ErrLocked):
+				say("LOCKED %d", r)
+			default:
+				say("ERR %d %v", r, err)
+			}
+		}
+		say("DONE")
+		<-stdinClosed
+		for _, h := range won {
+			h.Release()
+		}
+
+	default:
+		t.Fatalf("unknown child role %q", role)
+	}
+}
+
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+}
+
+func startChild(t *testing.T, role string, env ...string) *child {
+	t.Helper()
+	cmd := testenv.Command(t, role, "TestChild", env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 1024)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if l, ok := strings.CutPrefix(sc.Text(), "@@ "); ok {
+				c.lines <- l
+			}
+		}
+		close(c.lines)
+	}()
+	t.Cleanup(func() {
+		c.cmd.Process.Kill()
+		c.cmd.Wait()
+	})
+	return c
+}
+
+// expect returns the child's next line, which must start with prefix.
+func (c *child) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	select {
+	case l, ok := <-c.lines:
+		if !ok {
+			t.Fatalf("child %d ended; want %q", c.cmd.Process.Pid, prefix)
+		}
+		if !strings.HasPrefix(l, prefix) {
+			t.Fatalf("child said %q; want %q", l, prefix)
+		}
+		return l
+	case <-time.After(60 * time.Second):
+		t.Fatalf("child %d did not say %q", c.cmd.Process.Pid, prefix)
+	}
+	return ""
+}
+
+func tokenOf(t *testing.T, line string) uint64 {
+	t.Helper()
+	f := strings.Fields(line)
+	tok, err := strconv.ParseUint(f[len(f)-1], 10, 64)
+	if err != nil {
+		t.Fatalf("no token in %q", line)
+	}
+	return tok
+}
+
+// waitState blocks until the child has exited (not reaping it) or stopped.
+func (c *child) waitState(t *testing.T, options int) {
+	t.Helper()
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, c.cmd.Process.Pid, &info, options|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+// procState is the state letter of /proc/<pid>/stat.
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))[0]
+}
+
+// stopOutsideGuard stops the child with SIGSTOP at a moment it does not hold
+// the name's guard (a process stopped inside the guard's few syscalls
+// blocks the name until it continues — a documented limit, not what this
+// test is about).
+func (c *child) stopOutsideGuard(t *testing.T, guard string) {
+	t.Helper()
+	pid := c.cmd.Process.Pid
+	for {
+		c.cmd.Process.Signal(syscall.SIGSTOP)
+		for procState(t, pid) != "T" {
+			time.Sleep(time.Millisecond)
+		}
+		fd, err := unix.Open(guard, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		unix.Close(fd)
+		if err == nil {
+			return
+		}
+		c.cmd.Process.Signal(syscall.SIGCONT)
+		for procState(t, pid) == "T" {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func dirEnv(dir, name string) []string {
+	return []string{"FILELOCK_DIR=" + dir, "FILELOCK_NAME=" + name}
+}
+
+// TestKilledHolderReclaimedAtOnce: a holder killed with SIGKILL leaves its
+// marker behind, and the next Acquire on the host takes it at once — while
+// the dead holder is still a zombie, after it is reaped, and for a waiter
+// already waiting when it died. Its stale window (1h) plays no part.
+func TestKilledHolderReclaimedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	env := append(dirEnv(dir, "nightly-import"), "FILELOCK_TTL=1h")
+
+	// Zombie: exited, not yet reaped.
+	c := startChild(t, "hold", env...)
+	tok := tokenOf(t, c.expect(t, "ACQUIRED"))
+	mustLocked(t, f, "nightly-import")
+	c.cmd.Process.Signal(syscall.SIGKILL)
+	c.waitState(t, unix.WEXITED)
+	if _, err := os.Stat(filepath.Join(dir, "nightly-import.lock")); err != nil {
+		t.Fatalf("the killed holder's marker should still be there: %v", err)
+	}
+	h := mustAcquire(t, f, "nightly-import")
+	if h.Token() <= tok {
+		t.Fatalf("token %d after the dead holder's %d", h.Token(), tok)
+	}
+	h.Release()
+	c.cmd.Wait()
+
+	// Reaped.
+	c = startChild(t, "hold", env...)
+	c.expect(t, "ACQUIRED")
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+	mustAcquire(t, f, "nightly-import").Release()
+
+	// A waiter already waiting is served once the holder dies.
+	c = startChild(t, "hold", env...)
+	c.expect(t, "ACQUIRED")
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		h, err := f.Acquire(ctx, "nightly-import", filelock.WithWait())
+		if err == nil {
+			h.Release()
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	c.cmd.Process.Kill()
+	if err := <-got; err != nil {
+		t.Fatalf("waiter after the holder died: %v", err)
+	}
+}
+
+// TestStoppedHolderKeepsLock: a holder stopped with SIGSTOP is alive, so its
+// lock holds until its stale window runs out; then another process takes
+// over, and the stopped holder, once continued, learns it lost the lock and
+// does not touch its successor's marker.
+func TestStoppedHolderKeepsLock(t *testing.T) {
+	dir := t.TempDir()
+	const ttl = 3 * time.Second
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	c := startChild(t, "hold", append(dirEnv(dir, "export"), "FILELOCK_TTL="+ttl.String())...)
+	tok := tokenOf(t, c.expect(t, "ACQUIRED"))
+	c.stopOutsideGuard(t, filepath.Join(dir, "export.token"))
+	// Its last refresh was at most ttl/3 ago: the window is still open.
+	mustLocked(t, f, "export")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := f.Acquire(ctx, "export", filelock.WithWait(), filelock.WithStaleAfter(time.Minute))
+	if err != nil {
+		t.Fatalf("waiting for the stopped holder's window: %v", err)
+	}
+	if h.Token() <= tok {
+		t.Fatalf("token %d after %d", h.Token(), tok)
+	}
+	c.cmd.Process.Signal(syscall.SIGCONT)
+	if l := c.expect(t, "LOST"); !strings.Contains(l, "lock lost") {
+		t.Fatalf("continued holder said %q", l)
+	}
+	if err := h.Extend(ctx); err != nil {
+		t.Fatalf("the continued holder disturbed the new one: %v", err)
+	}
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestProcessesHammer: several processes take one name over and over; no
+// two are ever inside at once, and tokens enter in increasing order.
+func TestProcessesHammer(t *testing.T) {
+	dir := t.TempDir()
+	const procs = 3
+	var cs []*child
+	for i := 0; i < procs; i++ {
+		cs = append(cs, startChild(t, "hammer", append(dirEnv(dir, "hot"), "FILELOCK_FOR=2s")...))
+	}
+	total := 0
+	for _, c := range cs {
+		l := c.expect(t, "COUNT")
+		n, _ := strconv.Atoi(strings.Fields(l)[1])
+		total += n
+		c.stdin.Close()
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("child: %v", err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "entries"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != total || total < procs {
+		t.Fatalf("%d entries logged, children counted %d", len(lines), total)
+	}
+	var last uint64
+	pids := map[string]int{}
+	for _, l := range lines {
+		f := strings.Fields(l)
+		tok, _ := strconv.ParseUint(f[0], 10, 64)
+		if tok <= last {
+			t.Fatalf("token %d entered after %d", tok, last)
+		}
+		last = tok
+		pids[f[1]]++
+	}
+	t.Logf("%d critical sections by %d processes: %v", total, len(pids), pids)
+}
+
+// TestTakeoverRace: two processes judge the same stale marker at the same
+// moment, again and again; each time exactly one takes it over.
+func TestTakeoverRace(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc: same-host probe unavailable")
+	}
+	dir := t.TempDir()
+	const rounds = 60
+	tmpl := template(t, dir, "tmpl")
+	dead := strconv.Itoa(deadPID(t))
+	for r := 0; r < rounds; r++ {
+		edits := map[string]string{"nonce": fmt.Sprint("stale-", r), "pid": dead, "expires": ts(time.Now().Add(time.Hour))}
+		if r%2 == 1 { // the other kind of stale: a lease that ran out on another host
+			edits = map[string]string{"nonce": fmt.Sprint("stale-", r), "host": "elsewhere", "expires": ts(time.Now().Add(-time.Second))}
+		}
+		plant(t, filepath.Join(dir, fmt.Sprintf("race-%d.lock", r)), tmpl, edits)
+	}
+	env := append(dirEnv(dir, "race"), fmt.Sprint("FILELOCK_T0=", time.Now().Add(2*time.Second).UnixNano()), fmt.Sprint("FILELOCK_ROUNDS=", rounds))
+	cs := []*child{startChild(t, "race", env...), startChild(t, "race", env...)}
+	won := make([]int, rounds)
+	perChild := make([]int, len(cs))
+	for i, c := range cs {
+		for r := 0; r < rounds; r++ {
+			l := c.expect(t, "")
+			f := strings.Fields(l)
+			if len(f) < 2 || f[1] != strconv.Itoa(r) || f[0] != "WON" && f[0] != "LOCKED" {
+				t.Fatalf("round %d: child said %q", r, l)
+			}
+			if f[0] == "WON" {
+				won[r]++
+				perChild[i]++
+			}
+		}
+		c.expect(t, "DONE")
+	}
+	for r, n := range won {
+		if n != 1 {
+			t.Errorf("round %d: %d winners", r, n)
+		}
+	}
+	t.Logf("%d rounds, won per process: %v", rounds, perChild)
+	for _, c := range cs {
+		c.stdin.Close()
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("child: %v", err)
+		}
+	}
+}
+
+// TestWaitAcrossProcesses: a waiter is woken when a holder in another
+// process releases (by inotify on Linux, else by polling).
+func TestWaitAcrossProcesses(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	c := startChild(t, "hold", dirEnv(dir, "handoff")...)
+	tok := tokenOf(t, c.expect(t, "ACQUIRED"))
+	type result struct {
+		h   *filelock.Holder
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		h, err := f.Acquire(ctx, "handoff", filelock.WithWait())
+		got <- result{h, err, time.Now()}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	c.stdin.Close()
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.h.Token() <= tok {
+		t.Fatalf("token %d after %d", r.h.Token(), tok)
+	}
+	t.Logf("hand-off across processes: %v after the release was asked for", r.at.Sub(released))
+	r.h.Release()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+}

@@ -1,0 +1,708 @@
+//go:build unix
+
+// Package filelock is a lock backend that keeps one marker file per held
+// lock, readable with cat, in a directory shared by the processes that
+// contend: on one host, or on several hosts sharing a file system.
+//
+// A marker <dir>/<name>.lock (<name>.0.lock … <name>.<n-1>.lock for a
+// semaphore; the name escaped by backend.Escape) records the holder's pid,
+// process start time, host, token, nonce, lease, owner and metadata as
+// key=value lines. It is written to a temporary file, synced, and made
+// visible whole by link(2). Every change to a name's markers — acquire,
+// takeover, refresh, release, sweep — happens under a short flock(2) on the
+// name's counter file <name>.token, which also holds the last fencing token.
+// So when two processes judge the same marker stale exactly one takes it
+// over, and a release or refresh removes or rewrites a marker only while it
+// still carries the holder's nonce.
+//
+// A marker is stale, and the next Acquire takes it over, when
+//   - its holder ran on this machine (same host name, boot id and PID
+//     namespace) and is provably dead: kill(pid, 0) fails with ESRCH, the
+//     process is a zombie, or its start time in /proc differs from the
+//     recorded one by more than 2s (the PID was reused) — at once, whatever
+//     the lease (Linux only); or
+//   - its lease (WithStaleAfter, default 30s) has run out since the last
+//     refresh, whoever and wherever the holder is.
+//
+// Holders refresh their markers in the background (one goroutine per
+// factory) inside WithLock and AsLocker, or by calling Extend after a bare
+// Acquire. A holder that has not refreshed declares the lock lost a margin
+// (a tenth of the lease, at most 2s) before its lease runs out. The same
+// goroutine reads each held marker back every eighth of its lease (at most
+// every second) and closes Done with ErrLockLost once the marker is gone or
+// no longer the holder's.
+//
+// Exclusion holds while every contender uses this package (or its
+// protocol) on the same directory; flock(2) and link(2) behave as on a local
+// file system (on NFS, flock must be backed by working byte-range locks on
+// every client); wall clocks do not jump forward, and across hosts agree, by
+// more than the margin; and nobody edits marker or counter files by hand
+// while processes use them. Tokens come from the counter file; when it is missing
+// or corrupt the next token is the current Unix time in nanoseconds, so it
+// never restarts low unless the clock was also set back.
+//
+// The package builds on Unix systems. The dead-process probe and the
+// directory watcher that wakes waiters need Linux; elsewhere markers are
+// reclaimed by their stale window and waiters poll.
+package filelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// Errors, matching the root sentinels with errors.Is.
+var (
+	ErrLocked   = fmt.Errorf("filelock: %w", lock.ErrLocked)
+	ErrLockLost = fmt.Errorf("filelock: %w", lock.ErrLockLost)
+)
+
+const backendName = "filelock"
+
+// Polling of waiters, for locks freed without a file event (crash, expiry,
+// another host): it starts fast and backs off to the cap. The cap is lower
+// when no directory watcher delivers releases by other processes.
+const (
+	minPoll        = 2 * time.Millisecond
+	maxPollWatched = 250 * time.Millisecond
+	maxPollBlind   = 50 * time.Millisecond
+)
+
+// Factory hands out locks kept as marker files. Factories (in one process
+// or many) that use the same directory contend with each other.
+type Factory struct {
+	opts    lock.Options
+	err     error
+	closing chan struct{}
+	dirs    sync.Map // directory as given → absolute path, created
+
+	mu      sync.Mutex
+	closed  bool
+	held    map[*Holder]struct{}
+	running bool // the refresh loop is running
+	wake    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// NewFactory returns a factory whose options are the defaults for every
+// call. An invalid option is reported by the first Acquire.
+func NewFactory(opts ...Option) *Factory {
+	f := &Factory{closing: make(chan struct{}), held: map[*Holder]struct{}{}, wake: make(chan struct{}, 1)}
+	f.opts, f.err = lock.Apply(lock.Options{}, opts...)
+	if f.err == nil {
+		f.err = validate(&f.opts)
+	}
+	return f
+}
+
+func validate(o *lock.Options) error {
+	if o.TTL != 0 && o.TTL < MinStaleAfter {
+		return fmt.Errorf("filelock: %w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
+	}
+	return nil
+}
+
+func ttlOf(o *lock.Options) time.Duration {
+	if o.TTL == 0 {
+		return DefaultStaleAfter
+	}
+	return o.TTL
+}
+
+// margin is how long before its lease runs out a holder that could not
+// refresh declares the lock lost, so that it knows before anyone can take
+// the marker over.
+func margin(ttl time.Duration) time.Duration { return min(ttl/10, 2*time.Second) }
+
+// checkEvery is how often a held marker is read back to notice a takeover
+// or removal.
+func checkEvery(ttl time.Duration) time.Duration {
+	return min(max(ttl/8, 10*time.Millisecond), time.Second)
+}
+
+// refreshEvery is how often auto-renewing holders refresh: three tries
+// before the lease runs out.
+func refreshEvery(ttl time.Duration) time.Duration { return ttl / 3 }
+
+// Acquire takes name. On contention it returns an error matching ErrLocked
+// at once, or with WithWait waits until a permit is free or ctx ends. The
+// marker is not refreshed in the background unless WithAutoRenew(true) is
+// given: call Extend within the stale window.
+func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
+	return f.acquire(ctx, name, false, opts)
+}
+
+func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
+	start := time.Now()
+	o, err := f.resolve(name, opts)
+	if err != nil {
+		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Err: err})
+		return nil, err
+	}
+	r := o.Renew(renew)
+	o.AutoRenew = &r
+	h, wait, err := f.take(ctx, name, &o)
+	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
+	if h != nil {
+		e.Token = h.token
+	}
+	o.Report(ctx, e)
+	return h, err
+}
+
+func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
+	if f.err != nil {
+		return f.opts, f.err
+	}
+	o, err := lock.Apply(f.opts, opts...)
+	if err != nil {
+		return o, err
+	}
+	if err := validate(&o); err != nil {
+		return o, err
+	}
+	return o, lock.ValidateName(name)
+}
+
+// dir returns the absolute lock directory of o, creating it on first use.
+func (f *Factory) dir(o *lock.Options) (string, error) {
+	d := o.Dir
+	if d == "" {
+		d = DefaultDir()
+	}
+	if abs, ok := f.dirs.Load(d); ok {
+		return abs.(string), nil
+	}
+	abs, err := filepath.Abs(d)
+	if err != nil {
+		return "", fmt.Errorf("filelock: lock directory: %w", err)
+	}
+	if err := os.MkdirAll(abs, 0o777); err != nil {
+		return "", fmt.Errorf("filelock: lock directory: %w", err)
+	}
+	f.dirs.Store(d, abs)
+	return abs, nil
+}
+
+func (f *Factory) isClosed() bool {
+	select {
+	case <-f.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if f.isClosed() {
+		return nil, 0, lock.ErrClosed
+	}
+	dir, err := f.dir(o)
+	if err != nil {
+		return nil, 0, err
+	}
+	esc := backend.Escape(name)
+	var (
+		sub       *subscription
+		watching  bool
+		waitStart time.Time
+		poll      = minPoll
+	)
+	waited := func() time.Duration {
+		if waitStart.IsZero() {
+			return 0
+		}
+		return time.Since(waitStart)
+	}
+	defer func() {
+		if sub != nil {
+			sub.close()
+		}
+	}()
+	for {
+		var wake <-chan struct{}
+		if sub != nil {
+			wake = sub.wake() // before the attempt: a release after it wakes us
+		}
+		h, retryAt, err := f.try(ctx, dir, name, esc, o)
+		if err == nil {
+			return h, waited(), nil
+		}
+		if !errors.Is(err, ErrLocked) {
+			if o.Wait && ctx.Err() != nil { // gave up while polling the guard
+				return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+			}
+			return nil, waited(), err
+		}
+		if !o.Wait {
+			return nil, 0, err
+		}
+		if sub == nil {
+			// Subscribe, then try again at once: a release between the
+			// first attempt and the subscription would otherwise be missed.
+			sub, watching = hubFor(dir).subscribe(esc)
+			waitStart = time.Now()
+			continue
+		}
+		d := poll
+		if !retryAt.IsZero() {
+			d = min(d, time.Until(retryAt)+time.Millisecond)
+		}
+		timer := time.NewTimer(max(d, minPoll))
+		select {
+		case <-wake:
+			poll = minPoll
+		case <-timer.C:
+			limit := maxPollBlind
+			if watching {
+				limit = maxPollWatched
+			}
+			poll = min(2*poll, limit)
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+		case <-f.closing:
+			timer.Stop()
+			return nil, waited(), lock.ErrClosed
+		}
+		timer.Stop()
+	}
+}
+
+// try makes one attempt under the name's guard. On contention it returns
+// ErrLocked and, when known, the time the earliest live marker expires.
+func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Options) (*Holder, time.Time, error) {
+	g, err := lockGuard(ctx, dir, esc)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	defer g.unlock()
+	c := readCounter(g.fd)
+	limit := o.Limit()
+	ttl := ttlOf(o)
+	j := &judge{log: o.Log(), name: name, ttl: ttl, now: time.Now()}
+	mismatch := func(held int) error {
+		return fmt.Errorf("filelock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, held, limit)
+	}
+
+	// A stored limit that differs matters only while a permit under it is
+	// held; if none is, the new limit replaces it.
+	if c.limit != 0 && c.limit != limit {
+		for _, p := range markerPaths(dir, esc, c.limit) {
+			_, live, _, err := j.examine(p)
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			if live {
+				return nil, time.Time{}, mismatch(c.limit)
+			}
+		}
+	}
+	if c.limit == 0 {
+		// No usable counter: look at the first marker of the other layout.
+		other := mutexPath(dir, esc)
+		if limit == 1 {
+			other = slotPath(dir, esc, 0)
+		}
+		m, live, _, err := j.examine(other)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		if live && m != nil && m.Limit != limit {
+			return nil, time.Time{}, mismatch(m.Limit)
+		}
+	}
+
+	free, slot := "", -1
+	var retryAt time.Time
+	for i, p := range markerPaths(dir, esc, limit) {
+		m, live, expires, err := j.examine(p)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		if !live {
+			if free == "" {
+				free, slot = p, i
+				if c.valid && c.limit == limit {
+					break // the counter is sound: no need to see every token
+				}
+			}
+			continue
+		}
+		if m != nil && m.Limit != 0 && m.Limit != limit {
+			return nil, time.Time{}, mismatch(m.Limit)
+		}
+		if retryAt.IsZero() || expires.Before(retryAt) {
+			retryAt = expires
+		}
+	}
+	if free == "" {
+		return nil, retryAt, ErrLocked
+	}
+
+	token := nextToken(c, j.seen)
+	if err := writeCounter(g.fd, token, limit); err != nil {
+		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
+	}
+	id := self()
+	now := time.Now()
+	h := &Holder{
+		f: f, name: name, esc: esc, dir: dir, path: free, token: token, ttl: ttl, renew: *o.AutoRenew,
+		opts: o, state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: now,
+	}
+	h.m = marker{
+		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start,
+		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS,
+		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
+		Limit: limit, Slot: max(slot, 0), Owner: o.Owner, Meta: maps.Clone(o.Metadata),
+	}
+	h.scheduleLocked(now)
+	tmp := tempPath(dir, esc, newNonce()[:16])
+	if err := writeTemp(tmp, h.m.encode()); err != nil {
+		return nil, time.Time{}, fmt.Errorf("filelock: write marker: %w", err)
+	}
+	err = unix.Link(tmp, free)
+	unix.Unlink(tmp)
+	if err == unix.EEXIST {
+		// Only a writer that ignores the guard can get here.
+		return nil, retryAt, ErrLocked
+	}
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("filelock: publish marker: %w", err)
+	}
+	if err := f.register(h); err != nil {
+		unix.Unlink(free)
+		return nil, time.Time{}, err
+	}
+	return h, time.Time{}, nil
+}
+
+// judge decides whether markers are live, removing stale ones unless it
+// only inspects.
+type judge struct {
+	log       *slog.Logger
+	name      string
+	ttl       time.Duration // for markers too damaged to say their own lease
+	now       time.Time
+	inspect   bool   // never remove
+	seen      uint64 // highest token seen
+	reclaimed int
+}
+
+// examine reads the marker at path. live reports whether it still holds;
+// expires is when its lease runs out. A stale marker is removed (we hold the
+// name's guard, so nobody else is judging or replacing it meanwhile).
+func (j *judge) examine(path string) (m *marker, live bool, expires time.Time, err error) {
+	m, mtime, err := readMarker(path)
+	if err == unix.ENOENT {
+		return nil, false, time.Time{}, nil
+	}
+	if err != nil {
+		return nil, false, time.Time{}, fmt.Errorf("filelock: read marker: %w", err)
+	}
+	var reason string
+	if m == nil {
+		expires = mtime.Add(j.ttl)
+		if j.now.After(expires) {
+			reason = "unreadable marker older than the stale window"
+		}
+	} else {
+		expires = m.Expires
+		j.seen = max(j.seen, m.Token)
+		switch {
+		case j.now.After(m.Expires):
+			reason = "stale window passed without a refresh"
+		case holderGone(m):
+			reason = "holder process is gone"
+		}
+	}
+	if reason == "" {
+		return m, true, expires, nil
+	}
+	if j.inspect {
+		return m, false, expires, nil
+	}
+	if err := unix.Unlink(path); err != nil && err != unix.ENOENT {
+		return nil, false, time.Time{}, fmt.Errorf("filelock: remove stale marker: %w", err)
+	}
+	j.reclaimed++
+	attrs := []any{slog.String("backend", backendName), slog.String("name", j.name), slog.String("file", path), slog.String("reason", reason)}
+	if m != nil {
+		attrs = append(attrs, slog.Int("pid", m.PID), slog.String("host", m.Host), slog.Uint64("token", m.Token))
+	}
+	j.log.Info("filelock: reclaimed stale marker", attrs...)
+	return m, false, expires, nil
+}
+
+func (f *Factory) register(h *Holder) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return lock.ErrClosed
+	}
+	f.held[h] = struct{}{}
+	if !f.running {
+		f.running = true
+		f.wg.Add(1)
+		go f.loop()
+	} else {
+		f.poke()
+	}
+	return nil
+}
+
+func (f *Factory) unregister(h *Holder) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.held, h)
+	if len(f.held) == 0 {
+		f.poke() // let the loop end now rather than at its next tick
+	}
+}
+
+func (f *Factory) poke() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop is the factory's one background goroutine: it refreshes
+// auto-renewing markers, reads back every held marker to notice a takeover,
+// and ends leases that ran out. It exits when nothing is held.
+func (f *Factory) loop() {
+	defer f.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var hs []*Holder
+	for {
+		f.mu.Lock()
+		if f.closed || len(f.held) == 0 {
+			f.running = false
+			f.mu.Unlock()
+			return
+		}
+		hs = hs[:0]
+		for h := range f.held {
+			hs = append(hs, h)
+		}
+		f.mu.Unlock()
+		next := time.Now().Add(time.Hour)
+		for _, h := range hs {
+			if t := h.tick(); t.Before(next) {
+				next = t
+			}
+		}
+		clear(hs)
+		timer.Reset(time.Until(next))
+		select {
+		case <-timer.C:
+		case <-f.wake:
+		case <-f.closing:
+		}
+	}
+}
+
+// WithLock runs fn while holding name; see lock.WithLock. The marker is
+// refreshed in the background unless WithAutoRenew(false) is given.
+func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
+	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
+}
+
+// AsLocker returns the factory as a lock.Locker whose every Acquire uses
+// opts. Its holders are *Holder values; markers are refreshed in the
+// background unless WithAutoRenew(false) is given.
+func (f *Factory) AsLocker(opts ...Option) lock.Locker {
+	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
+		return f.acquire(ctx, name, true, opts)
+	})
+}
+
+// Inspect reports the live holders of name in the factory's directory,
+// reading markers without changing anything. ID is "pid@host", Owner the
+// WithOwner value, Metadata the WithMetadata pairs.
+func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
+	if err := lock.ValidateName(name); err != nil {
+		return lock.Info{}, err
+	}
+	if f.err != nil {
+		return lock.Info{}, f.err
+	}
+	if err := ctx.Err(); err != nil {
+		return lock.Info{}, err
+	}
+	info := lock.Info{Name: name}
+	dir, err := f.dir(&f.opts)
+	if err != nil {
+		return info, err
+	}
+	esc := backend.Escape(name)
+	paths, err := namePaths(dir, esc)
+	if err != nil {
+		return info, err
+	}
+	j := &judge{name: name, ttl: ttlOf(&f.opts), now: time.Now(), inspect: true}
+	for _, p := range paths {
+		m, live, expires, err := j.examine(p)
+		if err != nil {
+			return info, err
+		}
+		if !live {
+			continue
+		}
+		hi := lock.HolderInfo{Expires: expires}
+		limit := 0
+		if m != nil {
+			hi.Token, hi.ID, hi.Owner, hi.Since, limit = m.Token, fmt.Sprintf("%d@%s", m.PID, m.Host), m.Owner, m.Acquired, m.Limit
+			hi.Metadata = maps.Clone(m.Meta)
+		}
+		info.Limit = max(info.Limit, limit, 1)
+		info.Holders = append(info.Holders, hi)
+	}
+	sort.Slice(info.Holders, func(i, k int) bool { return info.Holders[i].Token < info.Holders[k].Token })
+	return info, nil
+}
+
+// namePaths lists the marker files that exist for esc.
+func namePaths(dir, esc string) ([]string, error) {
+	fd, err := open(counterPath(dir, esc), unix.O_RDONLY, 0)
+	if err == nil {
+		c := readCounter(fd)
+		unix.Close(fd)
+		if c.limit > 0 {
+			return markerPaths(dir, esc, c.limit), nil
+		}
+	}
+	// No counter to say the limit: list the directory.
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("filelock: %w", err)
+	}
+	var ps []string
+	for _, e := range entries {
+		if n, kind := classify(e.Name()); n == esc && kind == kindMarker {
+			ps = append(ps, filepath.Join(dir, e.Name()))
+		}
+	}
+	return ps, nil
+}
+
+// tempAge is the age after which Sweep removes a temporary file.
+const tempAge = time.Minute
+
+// Sweep removes the markers in the factory's directory that are provably
+// stale — their holder died on this host, or their lease ran out — and the
+// temporary files (older than a minute) of writers that crashed. It takes
+// each name's guard, so it never races an Acquire, a refresh or a Release. It returns how many markers
+// it removed. Acquire reclaims stale markers of the names it takes by
+// itself; Sweep is for tidying names nobody asks for any more.
+func (f *Factory) Sweep(ctx context.Context) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	dir, err := f.dir(&f.opts)
+	if err != nil {
+		return 0, err
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil // removed since first use: nothing to sweep
+	}
+	if err != nil {
+		return 0, fmt.Errorf("filelock: %w", err)
+	}
+	type files struct{ markers, temps []string }
+	byName := map[string]*files{}
+	for _, e := range entries {
+		esc, kind := classify(e.Name())
+		if kind != kindMarker && kind != kindTemp {
+			continue
+		}
+		fs := byName[esc]
+		if fs == nil {
+			fs = &files{}
+			byName[esc] = fs
+		}
+		p := filepath.Join(dir, e.Name())
+		if kind == kindMarker {
+			fs.markers = append(fs.markers, p)
+		} else {
+			fs.temps = append(fs.temps, p)
+		}
+	}
+	n := 0
+	var errs []error
+	for _, esc := range slices.Sorted(maps.Keys(byName)) {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		fs := byName[esc]
+		g, err := lockGuard(ctx, dir, esc)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		j := &judge{log: f.opts.Log(), name: esc, ttl: ttlOf(&f.opts), now: time.Now()}
+		for _, p := range fs.markers {
+			if _, _, _, err := j.examine(p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		// A writer needs its temporary file for milliseconds; one older
+		// than tempAge was left by a writer that died.
+		for _, p := range fs.temps {
+			if st, err := os.Lstat(p); err != nil || time.Since(st.ModTime()) < tempAge {
+				continue
+			}
+			if err := unix.Unlink(p); err != nil && err != unix.ENOENT {
+				errs = append(errs, fmt.Errorf("filelock: remove %s: %w", p, err))
+			}
+		}
+		g.unlock()
+		if j.reclaimed > 0 {
+			hubFor(dir).signal(esc)
+		}
+		n += j.reclaimed
+	}
+	return n, errors.Join(errs...)
+}
+
+// Close makes every lock held through the factory lost (their markers are
+// removed) and every waiter and later Acquire fail with lock.ErrClosed. It
+// stops the factory's background goroutine.
+func (f *Factory) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	close(f.closing)
+	hs := slices.Collect(maps.Keys(f.held))
+	f.mu.Unlock()
+	f.wg.Wait()
+	var errs []error
+	for _, h := range hs {
+		if err := h.closeByFactory(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,421 @@
+//go:build unix
+
+package filelock
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// File names in the lock directory. esc is backend.Escape(name), which has
+// no '.', so the suffixes below keep every name's files apart.
+func mutexPath(dir, esc string) string { return dir + "/" + esc + ".lock" }
+func slotPath(dir, esc string, i int) string {
+	return dir + "/" + esc + "." + strconv.Itoa(i) + ".lock"
+}
+func counterPath(dir, esc string) string     { return dir + "/" + esc + ".token" }
+func tempPath(dir, esc, nonce string) string { return dir + "/" + esc + "." + nonce + ".tmp" }
+func markerPaths(dir, esc string, limit int) []string {
+	if limit <= 1 {
+		return []string{mutexPath(dir, esc)}
+	}
+	ps := make([]string, limit)
+	for i := range ps {
+		ps[i] = slotPath(dir, esc, i)
+	}
+	return ps
+}
+
+// fileKind classifies a directory entry; esc is the escaped name it belongs
+// to.
+type fileKind int
+
+const (
+	kindOther fileKind = iota
+	kindMarker
+	kindCounter
+	kindTemp
+)
+
+func classify(file string) (esc string, kind fileKind) {
+	esc, rest, ok := strings.Cut(file, ".")
+	if !ok || esc == "" {
+		return "", kindOther
+	}
+	switch {
+	case rest == "lock":
+		return esc, kindMarker
+	case rest == "token":
+		return esc, kindCounter
+	case strings.HasSuffix(rest, ".tmp"):
+		return esc, kindTemp
+	case strings.HasSuffix(rest, ".lock"):
+		n := strings.TrimSuffix(rest, ".lock")
+		if _, err := strconv.Atoi(n); err == nil && n != "" && strings.Trim(n, "0123456789") == "" {
+			return esc, kindMarker
+		}
+	}
+	return "", kindOther
+}
+
+func newNonce() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand panics rather than return short)
+	return hex.EncodeToString(b[:])
+}
+
+// marker is the content of one marker file: who holds the lock and until
+// when. It is written whole (temp file, fsync, link or rename), so a reader
+// never sees half of one.
+type marker struct {
+	Name       string
+	Token      uint64
+	Nonce      string // unique per acquisition: what makes a marker ours
+	PID        int
+	Start      time.Time // start time of the holder process
+	Host       string
+	BootID     string
+	PIDNS      string
+	Acquired   time.Time
+	Refreshed  time.Time
+	Expires    time.Time
+	StaleAfter time.Duration
+	Limit      int
+	Slot       int
+	Owner      string
+	Meta       map[string]string
+}
+
+const markerHeader = "# github.com/ubgo/lock/filelock marker: one key=value per line\n"
+
+func (m *marker) encode() []byte {
+	var b bytes.Buffer
+	b.WriteString(markerHeader)
+	kv := func(k, v string) {
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(quote(v, false))
+		b.WriteByte('\n')
+	}
+	ts := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	kv("name", m.Name)
+	kv("token", strconv.FormatUint(m.Token, 10))
+	kv("nonce", m.Nonce)
+	kv("pid", strconv.Itoa(m.PID))
+	kv("start", ts(m.Start))
+	kv("host", m.Host)
+	kv("boot_id", m.BootID)
+	kv("pid_ns", m.PIDNS)
+	kv("acquired", ts(m.Acquired))
+	kv("refreshed", ts(m.Refreshed))
+	kv("expires", ts(m.Expires))
+	kv("stale_after", m.StaleAfter.String())
+	kv("limit", strconv.Itoa(m.Limit))
+	kv("slot", strconv.Itoa(m.Slot))
+	if m.Owner != "" {
+		kv("owner", m.Owner)
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.Meta)) {
+		kv("meta."+quote(k, true), m.Meta[k])
+	}
+	return b.Bytes()
+}
+
+// quote leaves plain text as it is, so `cat` shows it, and writes anything
+// that could break the line format as a Go string literal.
+func quote(s string, key bool) string {
+	plain := utf8.ValidString(s) && !strings.HasPrefix(s, `"`) && strings.TrimSpace(s) == s
+	for _, r := range s {
+		if !unicode.IsPrint(r) || key && r == '=' {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+func unquote(s string) (string, error) {
+	if strings.HasPrefix(s, `"`) {
+		return strconv.Unquote(s)
+	}
+	return s, nil
+}
+
+var errCorrupt = errors.New("filelock: unreadable marker")
+
+func parseMarker(data []byte) (*marker, error) {
+	m := &marker{}
+	var err error
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		var key string
+		if rest, ok := strings.CutPrefix(line, "meta."); ok {
+			k := rest
+			if strings.HasPrefix(rest, `"`) {
+				q, qerr := strconv.QuotedPrefix(rest)
+				if qerr != nil {
+					return nil, errCorrupt
+				}
+				k = q
+			} else if i := strings.IndexByte(rest, '='); i >= 0 {
+				k = rest[:i]
+			}
+			v, ok := strings.CutPrefix(rest[len(k):], "=")
+			if !ok {
+				return nil, errCorrupt
+			}
+			if k, err = unquote(k); err != nil {
+				return nil, errCorrupt
+			}
+			if v, err = unquote(v); err != nil {
+				return nil, errCorrupt
+			}
+			if m.Meta == nil {
+				m.Meta = map[string]string{}
+			}
+			m.Meta[k] = v
+			continue
+		}
+		key, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, errCorrupt
+		}
+		if v, err = unquote(v); err != nil {
+			return nil, errCorrupt
+		}
+		if err := m.set(key, v); err != nil {
+			return nil, errCorrupt
+		}
+	}
+	if m.Nonce == "" || m.Expires.IsZero() {
+		return nil, errCorrupt
+	}
+	return m, nil
+}
+
+func (m *marker) set(key, v string) error {
+	var err error
+	tm := func() (time.Time, error) {
+		if v == "" {
+			return time.Time{}, nil
+		}
+		return time.Parse(time.RFC3339Nano, v)
+	}
+	switch key {
+	case "name":
+		m.Name = v
+	case "token":
+		m.Token, err = strconv.ParseUint(v, 10, 64)
+	case "nonce":
+		m.Nonce = v
+	case "pid":
+		var p int64
+		p, err = strconv.ParseInt(v, 10, 32)
+		m.PID = int(p)
+	case "start":
+		m.Start, err = tm()
+	case "host":
+		m.Host = v
+	case "boot_id":
+		m.BootID = v
+	case "pid_ns":
+		m.PIDNS = v
+	case "acquired":
+		m.Acquired, err = tm()
+	case "refreshed":
+		m.Refreshed, err = tm()
+	case "expires":
+		m.Expires, err = tm()
+	case "stale_after":
+		m.StaleAfter, err = time.ParseDuration(v)
+	case "limit":
+		m.Limit, err = strconv.Atoi(v)
+	case "slot":
+		m.Slot, err = strconv.Atoi(v)
+	case "owner":
+		m.Owner = v
+	}
+	return err
+}
+
+// readMarker reads the marker at path. err is fs.ErrNotExist-compatible
+// (unix.ENOENT) when there is none; m is nil with a nil err when the file
+// exists but cannot be parsed, in which case mtime still tells its age.
+func readMarker(path string) (m *marker, mtime time.Time, err error) {
+	fd, err := open(path, unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, time.Time{}, err
+	}
+	mtime = time.Unix(st.Mtim.Unix())
+	data, err := readAll(fd, int(st.Size))
+	if err != nil {
+		return nil, mtime, err
+	}
+	m, perr := parseMarker(data)
+	if perr != nil {
+		return nil, mtime, nil
+	}
+	return m, mtime, nil
+}
+
+func readAll(fd int, size int) ([]byte, error) {
+	buf := make([]byte, 0, max(size, 512)+1)
+	for {
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, cap(buf))
+		}
+		if len(buf) > 1<<20 {
+			return nil, io.ErrShortBuffer // not one of our markers
+		}
+	}
+}
+
+func open(path string, flags int, perm uint32) (int, error) {
+	for {
+		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, perm)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
+}
+
+func writeAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := unix.Write(fd, data)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+// writeTemp writes data to a new temporary file and syncs it, so that the
+// link or rename that follows makes a complete file visible.
+func writeTemp(path string, data []byte) error {
+	fd, err := open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	err = writeAll(fd, data)
+	if err == nil {
+		err = unix.Fsync(fd)
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		unix.Unlink(path)
+	}
+	return err
+}
+
+// counter is the content of <name>.token: the last fencing token handed out
+// for the name and the semaphore limit its holders use. The file is also
+// the name's guard: it is flocked for the few syscalls of every change to
+// the name's markers.
+type counter struct {
+	token uint64
+	valid bool // false: missing or corrupt, the clock floor applies
+	limit int  // 0: unknown
+}
+
+func readCounter(fd int) counter {
+	buf := make([]byte, 128)
+	n, err := unix.Pread(fd, buf, 0)
+	if err != nil || n == 0 || n == len(buf) {
+		return counter{}
+	}
+	body, sum, ok := strings.Cut(string(buf[:n]), "crc=")
+	if !ok || strings.TrimSpace(sum) != fmt.Sprintf("%08x", crc32.ChecksumIEEE([]byte(body))) {
+		return counter{}
+	}
+	var c counter
+	for line := range strings.Lines(body) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), "=")
+		switch k {
+		case "token":
+			t, err := strconv.ParseUint(v, 10, 64)
+			if err != nil || t == 0 {
+				return counter{}
+			}
+			c.token, c.valid = t, true
+		case "limit":
+			c.limit, _ = strconv.Atoi(v)
+		}
+	}
+	return c
+}
+
+// writeCounter replaces the counter in place and syncs it. A write torn by
+// a crash fails the checksum, and a failed checksum makes the next token
+// come from the clock floor, never from a low number.
+func writeCounter(fd int, token uint64, limit int) error {
+	body := fmt.Sprintf("token=%d\nlimit=%d\n", token, limit)
+	data := fmt.Sprintf("%scrc=%08x\n", body, crc32.ChecksumIEEE([]byte(body)))
+	if _, err := unix.Pwrite(fd, []byte(data), 0); err != nil {
+		return err
+	}
+	if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+		return err
+	}
+	return datasync(fd)
+}
+
+// nextToken is one above the counter, or the clock floor when the counter
+// is missing or corrupt: Unix time in nanoseconds, above every earlier token
+// as long as the clock was not set back (a counter advanced from such a
+// floor by one per acquire stays below the nanosecond clock).
+func nextToken(c counter, seen uint64) uint64 {
+	t := seen + 1
+	if c.valid {
+		t = max(t, c.token+1)
+	} else {
+		t = max(t, uint64(time.Now().UnixNano()))
+	}
+	return t
+}
