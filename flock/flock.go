@@ -1,0 +1,1060 @@
+// Package flock is a lock backend built on the kernel's file locks
+// (flock(2) on Unix, LockFileEx on Windows): the simplest correct choice
+// for processes of one host.
+//
+// Each name is a file in a directory (WithDir; DefaultDir otherwise). A
+// holder keeps an exclusive lock on its own open file, so two Acquires of
+// one name conflict whether they come from two processes or from two
+// goroutines of one. The kernel drops the lock the moment its holder's
+// process ends for any reason, SIGKILL included: there is no lease to
+// size, no stale lock to clean up, and nothing to renew.
+//
+// Guarantees, while the assumptions below hold:
+//   - Mutual exclusion: never two holders of a name, never more than n
+//     holders of a semaphore (WithMaxConcurrent(n)); the limit is stored
+//     and a caller with another limit gets lock.ErrLimitMismatch.
+//   - Fencing tokens greater than zero and strictly increasing per name,
+//     read and written under the lock: max(stored+1, wall clock in unix
+//     nanoseconds). The counter lives in the lock file and survives
+//     restarts. A sweep that removes a name's files first raises the
+//     directory's fence file past its counter, and a missing or damaged
+//     counter restarts at max(fence+1, clock), never low.
+//   - A killed holder frees its lock at once; a stopped one (SIGSTOP)
+//     keeps it until it resumes and releases or dies.
+//
+// Assumptions: every process uses this package (or its protocol) on the
+// same directory of a local file system (one host); nobody deletes,
+// renames or rewrites lock files by hand while they may be in use
+// (Factory.Prune is the safe way to remove them; a holder whose file
+// vanishes anyway is reported lost within WithCheckInterval). flock on
+// network file systems is emulated or absent and is not supported.
+//
+// Lock files are removed by sweeps (WithPruneAfter, Factory.Prune): a
+// sweeper takes the name's exclusive lock, marks the file dead, unlinks it
+// and only then unlocks; an acquirer that locks a file marked dead drops it
+// and opens the path again. That closes the classic race in which one
+// process locks an unlinked inode while another locks a new file at the
+// same path. docs/guides/flock.md describes the files, the options and the
+// failure modes.
+package flock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// Errors, matching the root sentinels with errors.Is.
+var (
+	ErrLocked   = fmt.Errorf("flock: %w", lock.ErrLocked)
+	ErrLockLost = fmt.Errorf("flock: %w", lock.ErrLockLost)
+)
+
+const backendName = "flock"
+
+// MaxPermits is the largest semaphore flock accepts: an Acquire may open
+// one file per permit, and a waiter keeps them open.
+const MaxPermits = 1024
+
+// DefaultDir is the directory used without WithDir:
+// filepath.Join(os.TempDir(), "ubgo-lock"). Every user of a lock must be
+// able to create and open files read-write there; services should pass a
+// directory of their own (for example under /run) that /tmp cleaners leave
+// alone.
+func DefaultDir() string { return filepath.Join(os.TempDir(), "ubgo-lock") }
+
+// errBusy is an attempt's "someone else has it": ErrLocked for a caller
+// that does not wait.
+var errBusy = errors.New("flock: busy")
+
+// Factory acquires locks in a directory. Factories, and processes, that
+// use the same directory contend for the same names.
+type Factory struct {
+	opts   lock.Options
+	err    error
+	check  time.Duration
+	dir    string       // opts.Dir resolved, or its error in err
+	sweepN atomic.Int64 // unix nanos before which autoPrune of dir need not look
+
+	mu      sync.Mutex
+	holders map[*Holder]struct{}
+	timer   *time.Timer // verifies held files
+	armed   bool        // timer is pending
+	closed  bool
+	ctx     context.Context // cancelled by Close: stops waiters and sweeps
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// NewFactory returns a factory whose options are the defaults for every
+// call. An invalid option is reported by the first Acquire.
+func NewFactory(opts ...Option) *Factory {
+	o, err := lock.Apply(lock.Options{}, opts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &Factory{
+		opts: o, err: err, check: checkInterval(&o),
+		holders: map[*Holder]struct{}{}, ctx: ctx, cancel: cancel,
+	}
+	if f.err == nil {
+		if f.dir, err = resolveDir(o.Dir); err != nil {
+			f.err = fmt.Errorf("flock: %w", err)
+		}
+	}
+	return f
+}
+
+// Dir is the directory of the factory's lock files.
+func (f *Factory) Dir() string {
+	if f.dir == "" {
+		dir, _ := resolveDir(f.opts.Dir)
+		return dir
+	}
+	return f.dir
+}
+
+// dirOf is the resolved directory of a call.
+func (f *Factory) dirOf(o *lock.Options) (string, error) {
+	if o.Dir == f.opts.Dir && f.dir != "" {
+		return f.dir, nil
+	}
+	dir, err := resolveDir(o.Dir)
+	if err != nil {
+		return "", fmt.Errorf("flock: %w", err)
+	}
+	return dir, nil
+}
+
+// Acquire takes name. On contention it returns an error matching ErrLocked
+// at once, or with WithWait waits until the lock is free or ctx ends.
+func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
+	return f.acquire(ctx, name, opts)
+}
+
+// WithLock runs fn while holding name; see lock.WithLock. The context fn
+// gets is cancelled if the lock is lost (the factory is closed, or the
+// lock file was deleted behind its back).
+func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
+	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
+}
+
+// AsLocker returns the factory as a lock.Locker whose every Acquire uses
+// opts. Its holders are *Holder values.
+func (f *Factory) AsLocker(opts ...Option) lock.Locker {
+	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
+		return f.acquire(ctx, name, opts)
+	})
+}
+
+// Close makes every lock held through the factory lost (its files are
+// closed, so the kernel frees them), fails waiting and later Acquires with
+// lock.ErrClosed, and waits for a sweep it started to stop.
+func (f *Factory) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	f.cancel()
+	held := make([]*Holder, 0, len(f.holders))
+	for h := range f.holders {
+		held = append(held, h)
+	}
+	if f.timer != nil {
+		f.timer.Stop()
+		f.armed = false
+	}
+	f.mu.Unlock()
+	for _, h := range held {
+		h.lose()
+	}
+	f.wg.Wait()
+	return nil
+}
+
+// call is one resolved Acquire.
+type call struct {
+	f        *Factory
+	ctx      context.Context
+	name     string
+	o        *lock.Options
+	limit    int
+	dir, esc string
+	namePath string
+	start    time.Time // when Acquire began: the time of a first attempt
+}
+
+// now is the time of an attempt: Acquire's start for the first, which
+// spares a clock read on the fast path.
+func (c *call) now(first bool) time.Time {
+	if first {
+		return c.start
+	}
+	return time.Now()
+}
+
+func (c *call) file(suffix string) string {
+	return c.dir + string(os.PathSeparator) + c.esc + suffix
+}
+
+func (c *call) slotPath(i int) string { return c.file("." + strconv.Itoa(i) + ".lock") }
+
+func resolveDir(dir string) (string, error) {
+	if dir == "" {
+		dir = DefaultDir()
+	}
+	if !filepath.IsAbs(dir) {
+		return filepath.Abs(dir)
+	}
+	return filepath.Clean(dir), nil
+}
+
+func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
+	if f.err != nil {
+		return f.opts, f.err
+	}
+	o, err := lock.Apply(f.opts, opts...)
+	if err != nil {
+		return o, err
+	}
+	if o.MaxConcurrent > MaxPermits {
+		return o, fmt.Errorf("%w: flock: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
+	}
+	return o, lock.ValidateName(name)
+}
+
+func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
+	start := time.Now()
+	o, err := f.resolve(name, opts)
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o, start)
+	}
+	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
+	if h != nil {
+		e.Token = h.token
+	}
+	o.Report(ctx, e)
+	return h, err
+}
+
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if f.isClosed() {
+		return nil, 0, lock.ErrClosed
+	}
+	dir, err := f.dirOf(o)
+	if err != nil {
+		return nil, 0, err
+	}
+	esc := backend.Escape(name)
+	c := &call{f: f, ctx: ctx, name: name, o: o, limit: o.Limit(), dir: dir, esc: esc, start: start}
+	c.namePath = c.file(".lock")
+	f.autoPrune(dir, pruneAfter(o), start)
+
+	var a interface {
+		try(c *call) (*Holder, error)
+		close()
+	}
+	if c.limit == 1 {
+		a = &mutexAttempt{fd: noFile}
+	} else {
+		a = newSemAttempt(c.limit)
+	}
+	defer a.close()
+
+	var (
+		q         *waitq
+		stopWatch func()
+		timer     *time.Timer
+		began     time.Time
+		backoff   time.Duration
+		ceiling   = maxPoll
+	)
+	defer func() {
+		if q != nil {
+			unsubscribe(waitKey(dir, esc), q)
+			stopWatch()
+			timer.Stop()
+		}
+	}()
+	waited := func() time.Duration {
+		if q == nil {
+			return 0
+		}
+		return time.Since(began)
+	}
+	for {
+		var signal <-chan struct{}
+		if q != nil {
+			signal = q.signal()
+		}
+		h, err := a.try(c)
+		switch {
+		case err == nil:
+			if !f.track(h) {
+				h.closeFiles()
+				return nil, waited(), lock.ErrClosed
+			}
+			return h, waited(), nil
+		case err != errBusy:
+			if ctx.Err() != nil && o.Wait && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+				return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+			}
+			return nil, waited(), err
+		case !o.Wait:
+			return nil, 0, ErrLocked
+		case q == nil:
+			// Subscribe, then try again at once: a release between the
+			// first attempt and the subscription is not missed.
+			began = time.Now()
+			q = subscribe(waitKey(dir, esc))
+			var inotified bool
+			if stopWatch, inotified = watchDir(dir); inotified {
+				ceiling = maxPollInotified
+			}
+			backoff = minPoll
+			timer = time.NewTimer(time.Hour)
+			continue
+		}
+		timer.Reset(backoff)
+		select {
+		case <-signal:
+			backoff = minPoll
+		case <-timer.C:
+			backoff = min(2*backoff, ceiling)
+		case <-ctx.Done():
+			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+		case <-f.ctx.Done():
+			return nil, waited(), lock.ErrClosed
+		}
+	}
+}
+
+func (f *Factory) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
+// open opens (creating) a file of the call's name, creating the directory
+// when it is missing.
+func (c *call) open(path string) (sysFile, error) {
+	for i := 0; ; i++ {
+		fd, err := sysOpen(path, true, true)
+		switch {
+		case err == nil:
+			return fd, nil
+		case i == 0 && errors.Is(err, fs.ErrNotExist):
+			if err := os.MkdirAll(c.dir, 0o755); err != nil {
+				return noFile, fmt.Errorf("flock: %w", err)
+			}
+			continue
+		case i < 100 && sysRetryOpen(err):
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		return noFile, fmt.Errorf("flock: %w", err)
+	}
+}
+
+func (c *call) mismatch(have int) error {
+	return fmt.Errorf("flock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, c.name, have, c.limit)
+}
+
+// nextToken is the token after stored: one more, or the wall clock in
+// unix nanoseconds when that is larger, so a counter that was lost,
+// damaged or pruned never restarts below the tokens handed out before.
+func nextToken(stored uint64, now time.Time) uint64 {
+	t := stored + 1
+	if ns := now.UnixNano(); ns > 0 && uint64(ns) > t {
+		t = uint64(ns)
+	}
+	return t
+}
+
+// pid is read once: Go processes do not fork without exec.
+var pid = os.Getpid()
+
+var hostname = sync.OnceValue(func() string {
+	h, _ := os.Hostname()
+	return h
+})
+
+func (c *call) holderRecord(token uint64, now time.Time) record {
+	return record{token: token, pid: pid, host: hostname(), since: now.UnixNano(), owner: c.o.Owner, meta: c.o.Metadata}
+}
+
+func writeRecord(fd sysFile, r *record) error {
+	bp := bufs.Get().(*[]byte)
+	*bp = r.encode((*bp)[:0])
+	err := sysPwrite(fd, *bp, 0)
+	bufs.Put(bp)
+	if err != nil {
+		return fmt.Errorf("flock: writing lock file: %w", err)
+	}
+	return nil
+}
+
+// finishPrune completes a prune whose sweeper died between marking the
+// file dead and unlinking it: the caller holds fd's exclusive lock. If the
+// dead file cannot be removed the name cannot be used, and says why.
+func (c *call) finishPrune(fd sysFile) error {
+	same, err := sysSameFile(fd, c.namePath)
+	if err == nil && same {
+		err = sysRemove(c.namePath)
+	}
+	if err != nil {
+		return fmt.Errorf("flock: %s was marked dead by a sweep that did not finish, and removing it failed: %w", c.namePath, err)
+	}
+	return nil
+}
+
+// maxDeadSpins bounds how often an attempt reopens a file marked dead
+// before it counts as busy: a sweeper holds a dead file only for moments.
+const maxDeadSpins = 3
+
+// mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
+type mutexAttempt struct {
+	fd     sysFile
+	reused bool // fd was opened before an earlier, failed try
+}
+
+func (m *mutexAttempt) drop() {
+	if m.fd != noFile {
+		sysClose(m.fd)
+		m.fd = noFile
+	}
+}
+
+func (m *mutexAttempt) close() { m.drop() }
+
+func (m *mutexAttempt) try(c *call) (*Holder, error) {
+	for spins := 0; ; spins++ {
+		if m.fd == noFile {
+			fd, err := c.open(c.namePath)
+			if err != nil {
+				return nil, err
+			}
+			m.fd, m.reused = fd, false
+		}
+		ok, err := sysTryLock(m.fd, true)
+		if err != nil {
+			return nil, fmt.Errorf("flock: %w", err)
+		}
+		if !ok {
+			m.reused = true
+			// Read without the lock only to say why: a torn read is
+			// invalid and counts as plain contention.
+			rec, valid, _ := readRecord(m.fd)
+			switch {
+			case valid && rec.dead && spins < maxDeadSpins:
+				m.drop() // a sweeper is removing it: open the path again
+				continue
+			case valid && !rec.dead && rec.limit > 1:
+				return nil, c.mismatch(rec.limit) // semaphore permits hold it
+			}
+			return nil, errBusy
+		}
+		rec, valid, err := readRecord(m.fd)
+		if err != nil {
+			m.drop()
+			return nil, fmt.Errorf("flock: reading lock file: %w", err)
+		}
+		if valid && rec.dead {
+			err := c.finishPrune(m.fd)
+			m.drop()
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if m.reused {
+			// Opened long ago: make sure it is still the file at the path.
+			if same, err := sysSameFile(m.fd, c.namePath); err != nil || !same {
+				m.drop()
+				if err != nil {
+					return nil, fmt.Errorf("flock: %w", err)
+				}
+				continue
+			}
+		}
+		now := c.now(!m.reused && spins == 0)
+		if !valid {
+			// A new file, or a damaged one: start above every pruned
+			// name's last token, and above the clock now.
+			if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+				m.drop()
+				return nil, err
+			}
+			now = time.Now()
+		}
+		token := nextToken(rec.token, now)
+		out := c.holderRecord(token, now)
+		out.limit = 1
+		if err := writeRecord(m.fd, &out); err != nil {
+			m.drop()
+			return nil, err
+		}
+		h := c.newHolder(m.fd, noFile, "", token, now)
+		m.fd = noFile
+		return h, nil
+	}
+}
+
+// semAttempt takes one permit of a semaphore of n: a shared lock on
+// <esc>.lock, which makes it a member of the group whose limit the file
+// records, and an exclusive lock on one slot file <esc>.<i>.lock.
+//
+// The limit is written only under the exclusive lock (by the first member,
+// when nobody holds the name) and checked by each member under its shared
+// lock, so all members that hold at once agree on it. The token counter in
+// the same file is read and written by members under a short exclusive
+// lock on <esc>.guard.
+type semAttempt struct {
+	name   sysFile
+	slots  []sysFile
+	member bool // holds the shared lock and checked the limit
+	reused bool
+}
+
+func newSemAttempt(n int) *semAttempt {
+	s := &semAttempt{name: noFile, slots: make([]sysFile, n)}
+	for i := range s.slots {
+		s.slots[i] = noFile
+	}
+	return s
+}
+
+func (s *semAttempt) drop() {
+	for i, fd := range s.slots {
+		if fd != noFile {
+			sysClose(fd)
+			s.slots[i] = noFile
+		}
+	}
+	if s.name != noFile {
+		sysClose(s.name)
+		s.name = noFile
+	}
+	s.member = false
+}
+
+func (s *semAttempt) close() { s.drop() }
+
+// errChanged: a record checked under the shared lock changed, which the
+// protocol rules out unless someone wrote the file by hand.
+var errChanged = errors.New("flock: lock file changed while shared; was it edited by hand?")
+
+// maxJoinSpins bounds the passing states join waits out before it calls
+// the name busy.
+const maxJoinSpins = 20
+
+func (s *semAttempt) join(c *call) error {
+	mismatches := 0
+	for spins := 0; ; spins++ {
+		if spins >= maxJoinSpins {
+			return errBusy
+		}
+		if s.name == noFile {
+			fd, err := c.open(c.namePath)
+			if err != nil {
+				return err
+			}
+			s.name, s.reused = fd, false
+		}
+		ok, err := sysTryLock(s.name, true)
+		if err != nil {
+			return fmt.Errorf("flock: %w", err)
+		}
+		if ok {
+			// Nobody holds the name: record our limit, keep the counter.
+			rec, valid, err := readRecord(s.name)
+			if err != nil {
+				s.drop()
+				return fmt.Errorf("flock: reading lock file: %w", err)
+			}
+			if valid && rec.dead {
+				err := c.finishPrune(s.name)
+				s.drop()
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			if !valid {
+				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+					s.drop()
+					return err
+				}
+			}
+			out := record{limit: c.limit, token: rec.token}
+			if err := writeRecord(s.name, &out); err != nil {
+				s.drop()
+				return err
+			}
+			if ok, err := sysDowngrade(s.name); err != nil || !ok {
+				// The kernel let someone in between: start over.
+				s.drop()
+				if err != nil {
+					return fmt.Errorf("flock: %w", err)
+				}
+				return errBusy
+			}
+		} else if ok, err := sysTryLock(s.name, false); err != nil {
+			return fmt.Errorf("flock: %w", err)
+		} else if !ok {
+			// An exclusive holder: a mutex, or for a moment a sweep or
+			// a first member writing its limit over an old one.
+			s.reused = true
+			rec, valid, _ := readRecord(s.name)
+			switch {
+			case valid && rec.dead && spins < maxDeadSpins:
+				s.drop()
+				continue
+			case valid && !rec.dead && rec.limit != c.limit:
+				if spins < maxDeadSpins {
+					time.Sleep(50 * time.Microsecond)
+					continue
+				}
+				return c.mismatch(rec.limit)
+			}
+			return errBusy
+		}
+		// Shared. Members write the record under the guard, so read it
+		// there too.
+		var rec record
+		var valid bool
+		if err := c.underGuard(func() (err error) {
+			rec, valid, err = readRecord(s.name)
+			return err
+		}); err != nil {
+			s.drop()
+			return err
+		}
+		switch {
+		case valid && rec.dead:
+			s.drop()
+			continue
+		case valid && rec.limit == c.limit:
+			s.member = true
+			return nil
+		}
+		// Another limit, or no record: maybe the members it belonged to
+		// are gone and we joined only a passing shared lock (Inspect).
+		// Look once more before calling it a mismatch.
+		s.drop()
+		if mismatches++; mismatches > 1 {
+			if valid {
+				return c.mismatch(rec.limit)
+			}
+			return errBusy
+		}
+	}
+}
+
+func (s *semAttempt) try(c *call) (*Holder, error) {
+	for {
+		if !s.member {
+			if err := s.join(c); err != nil {
+				return nil, err
+			}
+		}
+		for i := range s.slots {
+			if s.slots[i] == noFile {
+				fd, err := c.open(c.slotPath(i))
+				if err != nil {
+					return nil, err
+				}
+				s.slots[i] = fd
+			}
+			ok, err := sysTryLock(s.slots[i], true)
+			if err != nil {
+				return nil, fmt.Errorf("flock: %w", err)
+			}
+			if !ok {
+				continue
+			}
+			if s.reused {
+				same1, err1 := sysSameFile(s.name, c.namePath)
+				same2, err2 := sysSameFile(s.slots[i], c.slotPath(i))
+				if err := errors.Join(err1, err2); err != nil || !same1 || !same2 {
+					s.drop()
+					if err != nil {
+						return nil, fmt.Errorf("flock: %w", err)
+					}
+					break // start over with fresh files
+				}
+			}
+			return s.take(c, i)
+		}
+		if s.member {
+			s.reused = true
+			return nil, errBusy
+		}
+	}
+}
+
+// take finishes an attempt that holds slot i: the token, under the guard.
+func (s *semAttempt) take(c *call, i int) (*Holder, error) {
+	now := time.Now()
+	var token uint64
+	err := c.underGuard(func() error {
+		rec, valid, err := readRecord(s.name)
+		if err != nil {
+			return fmt.Errorf("flock: reading lock file: %w", err)
+		}
+		if !valid || rec.dead || rec.limit != c.limit {
+			return errChanged
+		}
+		token = nextToken(rec.token, now)
+		return writeRecord(s.name, &record{limit: c.limit, token: token})
+	})
+	if err == nil {
+		out := c.holderRecord(token, now)
+		err = writeRecord(s.slots[i], &out)
+	}
+	if err != nil {
+		s.drop()
+		return nil, err
+	}
+	h := c.newHolder(s.name, s.slots[i], c.slotPath(i), token, now)
+	s.name, s.slots[i] = noFile, noFile
+	s.drop()
+	return h, nil
+}
+
+// underGuard runs fn holding the exclusive lock of <esc>.guard. The guard
+// is held for a read and a write, so it is polled rather than waited for
+// with a blocking flock, which could not give up when ctx ends.
+func (c *call) underGuard(fn func() error) error {
+	fd, err := c.open(c.file(".guard"))
+	if err != nil {
+		return err
+	}
+	defer sysClose(fd)
+	if err := lockSpin(c.ctx, fd, true); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// lockSpin takes a lock that is only ever held for moments (a guard, the
+// fence file), polling so that it can give up when ctx ends.
+func lockSpin(ctx context.Context, fd sysFile, exclusive bool) error {
+	for d := 20 * time.Microsecond; ; d = min(2*d, 5*time.Millisecond) {
+		ok, err := sysTryLock(fd, exclusive)
+		if err != nil {
+			return fmt.Errorf("flock: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(d)
+	}
+}
+
+func (c *call) newHolder(nameFd, slotFd sysFile, slotPath string, token uint64, now time.Time) *Holder {
+	return &Holder{
+		f: c.f, name: c.name, dir: c.dir, esc: c.esc, path: c.namePath, slotPath: slotPath,
+		token: token, since: now, opts: c.o, ctx: context.WithoutCancel(c.ctx),
+		state: backend.NewState(), nameFd: nameFd, slotFd: slotFd,
+	}
+}
+
+// Holder is one held lock or semaphore permit. It owns its open files;
+// the kernel holds the lock for as long as they are open.
+type Holder struct {
+	f        *Factory
+	name     string
+	dir, esc string
+	path     string // <esc>.lock
+	slotPath string // <esc>.<i>.lock of a permit; "" for a mutex
+	token    uint64
+	since    time.Time
+	opts     *lock.Options
+	ctx      context.Context // the Acquire context without its cancellation, for reports
+	state    *backend.State
+
+	mu     sync.Mutex
+	nameFd sysFile
+	slotFd sysFile
+	closed bool
+}
+
+// Token is the fencing token, strictly increasing per name.
+func (h *Holder) Token() uint64 { return h.token }
+
+// Done is closed when the lock is released or lost.
+func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
+
+// Err is nil while held or after Release, and matches ErrLockLost once
+// lost.
+func (h *Holder) Err() error { return h.state.Err() }
+
+// Name is the name the lock was acquired under.
+func (h *Holder) Name() string { return h.name }
+
+// Path is the lock file of a mutex, or the slot file of a semaphore
+// permit.
+func (h *Holder) Path() string {
+	if h.slotPath != "" {
+		return h.slotPath
+	}
+	return h.path
+}
+
+// Release gives the lock up by closing the holder's files; the kernel
+// frees the lock at once. The files stay for the next holder (sweeps
+// remove them later). Release is idempotent; after a loss it returns an
+// error matching ErrLockLost.
+func (h *Holder) Release() error {
+	if h.closeFiles() {
+		h.f.untrack(h)
+		wakeName(h.dir, h.esc)
+		if h.state.End() {
+			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
+		}
+	}
+	return h.state.Err()
+}
+
+// closeFiles reports whether this call closed them.
+func (h *Holder) closeFiles() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.closed = true
+	if h.slotFd != noFile {
+		sysClose(h.slotFd)
+	}
+	sysClose(h.nameFd)
+	return true
+}
+
+func (h *Holder) lose() {
+	if !h.closeFiles() {
+		return
+	}
+	h.f.untrack(h)
+	wakeName(h.dir, h.esc)
+	if h.state.Lose(ErrLockLost) {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+	}
+}
+
+// inPlace reports whether the holder's files are still the ones at their
+// paths. Only clear evidence counts: an error reading them does not.
+func (h *Holder) inPlace() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return true
+	}
+	if same, err := sysSameFile(h.nameFd, h.path); err == nil && !same {
+		return false
+	}
+	if h.slotFd != noFile {
+		if same, err := sysSameFile(h.slotFd, h.slotPath); err == nil && !same {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *Factory) track(h *Holder) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.holders[h] = struct{}{}
+	if f.check > 0 && !f.armed {
+		if f.timer == nil {
+			f.timer = time.AfterFunc(f.check, f.verify)
+		} else {
+			f.timer.Reset(f.check)
+		}
+		f.armed = true
+	}
+	return true
+}
+
+func (f *Factory) untrack(h *Holder) {
+	f.mu.Lock()
+	delete(f.holders, h)
+	f.mu.Unlock()
+}
+
+// verify runs every check interval while the factory holds locks; the
+// timer is left to run out, not stopped, when the last lock is released,
+// which keeps timer work off the acquire and release path.
+func (f *Factory) verify() {
+	f.mu.Lock()
+	held := make([]*Holder, 0, len(f.holders))
+	for h := range f.holders {
+		held = append(held, h)
+	}
+	f.mu.Unlock()
+	for _, h := range held {
+		if !h.inPlace() {
+			h.lose()
+		}
+	}
+	f.mu.Lock()
+	if f.armed = len(f.holders) > 0 && !f.closed; f.armed {
+		f.timer.Reset(f.check)
+	}
+	f.mu.Unlock()
+}
+
+// Inspect reports who holds name, from the lock files: the holder's
+// token, owner (WithOwner, or pid@host), start time and metadata. It
+// takes shared locks for a moment to tell a held file from a free one, so
+// an Acquire that does not wait may fail with ErrLocked while it looks.
+func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
+	if err := lock.ValidateName(name); err != nil {
+		return lock.Info{}, err
+	}
+	if f.err != nil {
+		return lock.Info{}, f.err
+	}
+	dir, err := f.dirOf(&f.opts)
+	if err != nil {
+		return lock.Info{}, err
+	}
+	c := &call{name: name, dir: dir, esc: backend.Escape(name)}
+	c.namePath = c.file(".lock")
+	for i := 0; ; i++ {
+		info, again, err := c.inspect()
+		if !again || i >= 20 {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// inspect looks once; again means it met a passing state (a sweep, a
+// first member writing the limit) and should look again.
+func (c *call) inspect() (info lock.Info, again bool, err error) {
+	info.Name = c.name
+	// Read-only, so closing it wakes no waiter.
+	fd, err := sysOpen(c.namePath, false, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return info, false, nil
+	}
+	if err != nil {
+		return info, false, fmt.Errorf("flock: %w", err)
+	}
+	defer sysClose(fd)
+	shared, err := sysTryLock(fd, false)
+	if err != nil {
+		return info, false, fmt.Errorf("flock: %w", err)
+	}
+	rec, valid, err := readHolder(fd)
+	if err != nil {
+		return info, false, fmt.Errorf("flock: %w", err)
+	}
+	if !shared { // an exclusive holder: a mutex, or a moment of a sweep or a first member
+		if !valid || rec.dead || rec.limit != 1 {
+			return info, true, nil
+		}
+		info.Limit = 1
+		info.Holders = []lock.HolderInfo{holderInfo(rec)}
+		return info, false, nil
+	}
+	if !valid {
+		// Free and never written, or caught while a member wrote it.
+		return info, fileHasData(fd), nil
+	}
+	if rec.dead || rec.limit <= 1 {
+		return info, false, nil
+	}
+	for i := 0; i < rec.limit && i < MaxPermits; i++ {
+		sfd, err := sysOpen(c.slotPath(i), false, false)
+		if err != nil {
+			continue
+		}
+		if free, err := sysTryLock(sfd, false); err == nil && !free {
+			if srec, ok, _ := readHolder(sfd); ok {
+				info.Holders = append(info.Holders, holderInfo(srec))
+			}
+		}
+		sysClose(sfd)
+	}
+	if len(info.Holders) > 0 {
+		info.Limit = rec.limit
+		sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
+	}
+	return info, false, nil
+}
+
+func fileHasData(fd sysFile) bool {
+	var b [1]byte
+	n, _ := sysPread(fd, b[:], 0)
+	return n > 0
+}
+
+func holderInfo(r record) lock.HolderInfo {
+	hi := lock.HolderInfo{Token: r.token, Owner: r.owner, Metadata: r.meta}
+	if hi.Owner == "" && r.pid != 0 {
+		hi.Owner = strconv.Itoa(r.pid) + "@" + r.host
+	}
+	if r.since != 0 {
+		hi.Since = time.Unix(0, r.since)
+	}
+	return hi
+}
+
+// Lock is the single-name form: flock.New(name, opts...).Acquire(ctx).
+type Lock struct {
+	f    *Factory
+	name string
+}
+
+// New returns the lock for name with opts as its defaults. A bad name or
+// option is reported by Acquire.
+func New(name string, opts ...Option) *Lock { return &Lock{f: NewFactory(opts...), name: name} }
+
+// Name is the lock's name.
+func (l *Lock) Name() string { return l.name }
+
+// Acquire takes the lock; see Factory.Acquire.
+func (l *Lock) Acquire(ctx context.Context, opts ...Option) (*Holder, error) {
+	return l.f.Acquire(ctx, l.name, opts...)
+}
+
+// WithLock runs fn while holding the lock; see Factory.WithLock.
+func (l *Lock) WithLock(ctx context.Context, fn func(ctx context.Context) error, opts ...Option) error {
+	return l.f.WithLock(ctx, l.name, fn, opts...)
+}
+
+// Inspect reports who holds the lock; see Factory.Inspect.
+func (l *Lock) Inspect(ctx context.Context) (lock.Info, error) { return l.f.Inspect(ctx, l.name) }
+
+// Close makes a held lock lost and fails later Acquires; see
+// Factory.Close. A Lock that is released and dropped needs no Close.
+func (l *Lock) Close() error { return l.f.Close() }

@@ -1,0 +1,217 @@
+package flock
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock/backend"
+)
+
+func TestRecordRoundTrip(t *testing.T) {
+	in := record{limit: 3, token: 1<<62 + 5, pid: 42, host: "h\nst", since: 123, owner: "job \"7\"", meta: map[string]string{"b": "2", "a": "x y\n"}}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "r")
+	fd, err := sysOpen(p, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sysClose(fd)
+	// A longer record first: the shorter one written over it must not
+	// pick up its tail.
+	long := record{token: 9, owner: strings.Repeat("o", 5000)}
+	if err := writeRecord(fd, &long); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := readHolder(fd)
+	if err != nil || !ok || got.owner != long.owner {
+		t.Fatalf("long record: ok=%v err=%v", ok, err)
+	}
+	if err := writeRecord(fd, &in); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err = readHolder(fd)
+	if err != nil || !ok {
+		t.Fatalf("readRecord: ok=%v err=%v", ok, err)
+	}
+	if got.limit != in.limit || got.token != in.token || got.pid != in.pid || got.host != in.host ||
+		got.since != in.since || got.owner != in.owner || len(got.meta) != 2 || got.meta["a"] != "x y\n" || got.dead {
+		t.Fatalf("round trip: got %+v, want %+v", got, in)
+	}
+}
+
+func TestRecordRejectsDamage(t *testing.T) {
+	r := record{limit: 1, token: 77}
+	good := r.encode(nil)
+	for name, b := range map[string][]byte{
+		"empty":     nil,
+		"garbage":   []byte("hello world\n"),
+		"truncated": good[:len(good)-3],
+		"flipped":   append(append([]byte{}, good[:len(good)-3]...), 'X', good[len(good)-2], good[len(good)-1]),
+		"huge":      []byte(recordMagic + "999999999 00000000\n"),
+	} {
+		p := filepath.Join(t.TempDir(), "r")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := sysOpen(p, false, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok, err := readHolder(fd); ok || err != nil {
+			t.Errorf("%s: readRecord = %+v, %v, %v; want not ok", name, got, ok, err)
+		}
+		sysClose(fd)
+	}
+}
+
+func TestSplitFile(t *testing.T) {
+	for file, want := range map[string][2]string{
+		"abc.lock":       {"abc", "lock"},
+		"abc.0.lock":     {"abc", "slot"},
+		"abc.12.lock":    {"abc", "slot"},
+		"abc.guard":      {"abc", "guard"},
+		"a%2Fb~ff.lock":  {"a%2Fb~ff", "lock"},
+		"abc.x.lock":     {},
+		"abc.lock.tmp":   {},
+		".lock":          {},
+		"abc":            {},
+		"abc.0.guard":    {},
+		"notes.txt":      {},
+		"abc.-1.lock":    {},
+		"abc..lock":      {},
+		"abc.0.lock.bak": {},
+	} {
+		esc, kind, ok := splitFile(file)
+		if ok != (want[0] != "") || esc != want[0] || kind != want[1] {
+			t.Errorf("splitFile(%q) = %q, %q, %v; want %q", file, esc, kind, ok, want)
+		}
+	}
+}
+
+func TestNextToken(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	if got := nextToken(0, now); got != uint64(now.UnixNano()) {
+		t.Errorf("a missing counter starts at the clock: %d", got)
+	}
+	ahead := uint64(now.UnixNano()) + 1000
+	if got := nextToken(ahead, now); got != ahead+1 {
+		t.Errorf("a counter ahead of the clock keeps counting: %d, want %d", got, ahead+1)
+	}
+	if got := nextToken(5, time.Unix(0, -1)); got != 6 {
+		t.Errorf("a clock before 1970 is no floor: %d", got)
+	}
+}
+
+// A counter ahead of the clock (the clock stepped back) is still obeyed.
+func TestCounterAheadOfClock(t *testing.T) {
+	dir := t.TempDir()
+	f := NewFactory(WithDir(dir))
+	defer f.Close()
+	ctx := context.Background()
+	h, err := f.Acquire(ctx, "ahead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	future := uint64(time.Now().Add(time.Hour).UnixNano())
+	fd, err := sysOpen(filepath.Join(dir, "ahead.lock"), true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRecord(fd, &record{limit: 1, token: future}); err != nil {
+		t.Fatal(err)
+	}
+	sysClose(fd)
+	for i := uint64(1); i <= 3; i++ {
+		h, err := f.Acquire(ctx, "ahead")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Token() != future+i {
+			t.Fatalf("token %d, want %d", h.Token(), future+i)
+		}
+		h.Release()
+	}
+}
+
+// A sweeper that died between marking a file dead and unlinking it leaves
+// the dead file at the path; the next acquirer finishes the job.
+func TestDeadFileLeftBySweeper(t *testing.T) {
+	dir := t.TempDir()
+	f := NewFactory(WithDir(dir))
+	defer f.Close()
+	ctx := context.Background()
+	for _, limit := range []int{1, 2} {
+		name := "dead" + string(rune('0'+limit))
+		p := filepath.Join(dir, backend.Escape(name)+".lock")
+		fd, err := sysOpen(p, true, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := writeRecord(fd, &record{dead: true, token: 5, limit: limit}); err != nil {
+			t.Fatal(err)
+		}
+		// Keep it open, so its inode number is not reused by the new file.
+		old, _ := os.Open(p)
+		st1, _ := old.Stat()
+		sysClose(fd)
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(limit))
+		old.Close()
+		if err != nil {
+			t.Fatalf("limit %d: %v", limit, err)
+		}
+		st2, err := os.Stat(p)
+		if err != nil || os.SameFile(st1, st2) {
+			t.Fatalf("limit %d: the dead file was reused (err %v)", limit, err)
+		}
+		h.Release()
+	}
+}
+
+// A pruned name's counter is gone, but the directory's fence keeps its
+// next token above the last one even when the counter ran ahead of the
+// clock.
+func TestPruneKeepsTokensAboveFence(t *testing.T) {
+	dir := t.TempDir()
+	f := NewFactory(WithDir(dir), WithPruneAfter(0))
+	defer f.Close()
+	ctx := context.Background()
+	future := uint64(time.Now().Add(time.Hour).UnixNano())
+	for _, name := range []string{"m", "s"} {
+		limit := map[string]int{"m": 1, "s": 2}[name]
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+		fd, err := sysOpen(filepath.Join(dir, name+".lock"), true, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := writeRecord(fd, &record{limit: limit, token: future}); err != nil {
+			t.Fatal(err)
+		}
+		sysClose(fd)
+	}
+	if n, err := f.Prune(ctx, 0); n != 2 || err != nil {
+		t.Fatalf("Prune = %d, %v", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "m.lock")); !os.IsNotExist(err) {
+		t.Fatalf("m.lock not pruned: %v", err)
+	}
+	for _, name := range []string{"m", "s", "never-used"} {
+		limit := map[string]int{"m": 1, "s": 2, "never-used": 1}[name]
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Token() <= future {
+			t.Fatalf("%s: token %d after prune, not above the pruned %d", name, h.Token(), future)
+		}
+		h.Release()
+	}
+}

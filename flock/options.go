@@ -1,0 +1,109 @@
+package flock
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// Option configures the factory (defaults) or one call (overrides). The
+// options mean the same in every backend of the family. Shared options
+// that flock has no use for (WithTTL, WithAutoRenew, WithKeyPrefix) are
+// accepted and ignored, so code written against several backends can pass
+// them; invalid values of them are still reported.
+type Option = lock.Option
+
+// WithDir sets the directory of the lock files. It is created (mode 0755,
+// and parents) on first use if missing. Default: filepath.Join(os.TempDir(),
+// "ubgo-lock"), see DefaultDir.
+func WithDir(dir string) Option { return lock.WithDir(dir) }
+
+// WithMaxConcurrent makes the name a semaphore of n permits, one slot file
+// each (<name>.<i>.lock). Every holder of a name must use the same n, at
+// most MaxPermits; a different n gets an error matching
+// lock.ErrLimitMismatch. Default 1: a mutex.
+func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
+
+// WithWait makes Acquire wait until the lock is free or its context ends.
+// Waiters are woken by releases in the same process at once, by releases
+// in other processes through inotify on Linux, and otherwise by polling
+// (at most every 50ms; 250ms when inotify is watching). Default: off, a
+// held lock fails at once with ErrLocked.
+func WithWait() Option { return lock.WithWait() }
+
+// WithOwner records who holds the lock (a job or trace id) in the lock
+// file, where Inspect and cat show it. Default: none, and Inspect reports
+// pid@host.
+func WithOwner(owner string) Option { return lock.WithOwner(owner) }
+
+// WithMetadata adds a key/value pair written to the lock file and shown by
+// Inspect.
+func WithMetadata(key, value string) Option { return lock.WithMetadata(key, value) }
+
+// WithLogger sets the logger; nil turns logging off. Default:
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
+
+// WithObserver sets the metrics and tracing hook.
+func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }
+
+type pruneKey struct{}
+
+// DefaultPruneAfter is how long a name must go unused before an automatic
+// sweep removes its files.
+const DefaultPruneAfter = time.Hour
+
+// WithPruneAfter sets how long a name's files stay after its last acquire
+// once nobody holds it. Acquire starts a sweep of the directory in the
+// background at most once per d per process and directory, removing the
+// files of every name that is free and was last acquired more than d ago
+// (see Factory.Prune for the protocol). 0 turns automatic sweeps off.
+// Default DefaultPruneAfter (1h). A pruned name's counter is gone; the
+// directory's fence file keeps its next token above the last one.
+func WithPruneAfter(d time.Duration) Option {
+	return func(o *lock.Options) {
+		if d < 0 {
+			o.Invalid("flock: WithPruneAfter(" + d.String() + "): must not be negative")
+			return
+		}
+		lock.WithValue(pruneKey{}, d)(o)
+	}
+}
+
+type checkKey struct{}
+
+// DefaultCheckInterval is how often held locks verify their files.
+const DefaultCheckInterval = time.Second
+
+// WithCheckInterval sets how often the factory verifies that each lock it
+// holds is still the file at its path. The kernel never takes a flock
+// away, but a file deleted or replaced behind the library's back (rm, a
+// /tmp cleaner) lets another process lock a new file at the same path; a
+// holder whose file is gone is reported lost (Done closes, Err matches
+// ErrLockLost) within one interval. 0 turns the check off. Default
+// DefaultCheckInterval (1s). It is a factory option: per-call values are
+// ignored.
+func WithCheckInterval(d time.Duration) Option {
+	return func(o *lock.Options) {
+		if d < 0 {
+			o.Invalid("flock: WithCheckInterval(" + d.String() + "): must not be negative")
+			return
+		}
+		lock.WithValue(checkKey{}, d)(o)
+	}
+}
+
+func pruneAfter(o *lock.Options) time.Duration {
+	if d, ok := o.Value(pruneKey{}).(time.Duration); ok {
+		return d
+	}
+	return DefaultPruneAfter
+}
+
+func checkInterval(o *lock.Options) time.Duration {
+	if d, ok := o.Value(checkKey{}).(time.Duration); ok {
+		return d
+	}
+	return DefaultCheckInterval
+}

@@ -1,0 +1,281 @@
+package flock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Prune removes the files of every name in the factory's directory that
+// nobody holds and whose lock file was last written (by an acquire) at
+// least idle ago, and returns how many names it removed. Files that are
+// not this package's are left alone.
+//
+// For each name it takes the exclusive lock of <esc>.lock (so nobody holds
+// a permit or the mutex, and nobody can until it lets go), raises the
+// directory's fence file (ubgo-flock.fence) past the name's token counter,
+// writes "dead 1" into the file, unlinks the slot and guard files and then
+// the lock file, and only then closes it. An acquirer that opened the old
+// file and locks it afterwards finds it dead and opens the path again, so
+// no two processes ever hold two different files of one name; the name's
+// next counter starts above the fence.
+func (f *Factory) Prune(ctx context.Context, idle time.Duration) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	dir, err := f.dirOf(&f.opts)
+	if err != nil {
+		return 0, err
+	}
+	return prune(ctx, dir, idle)
+}
+
+// sweeps records, per directory, when this process may sweep it next.
+var sweeps = struct {
+	sync.Mutex
+	next map[string]time.Time
+}{next: map[string]time.Time{}}
+
+// autoPrune starts a background sweep of dir if none ran in this process
+// within the last d.
+func (f *Factory) autoPrune(dir string, d time.Duration, now time.Time) {
+	if d <= 0 {
+		return
+	}
+	own := dir == f.dir
+	if own && now.UnixNano() < f.sweepN.Load() {
+		return // known not due, without the shared lock
+	}
+	sweeps.Lock()
+	next := sweeps.next[dir]
+	due := !now.Before(next)
+	if due {
+		next = now.Add(d)
+		sweeps.next[dir] = next
+	}
+	sweeps.Unlock()
+	if own {
+		f.sweepN.Store(next.UnixNano())
+	}
+	if !due {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		n, err := prune(f.ctx, dir, d)
+		if err != nil || n > 0 {
+			log := f.opts.Log().Debug
+			if err != nil && !errors.Is(err, context.Canceled) {
+				log = f.opts.Log().Warn
+			}
+			log("flock: swept lock directory", "dir", dir, "removed", n, "err", err)
+		}
+	}()
+}
+
+type nameFiles struct {
+	hasLock bool
+	newest  time.Time
+	others  []string // slot and guard files seen in the listing
+}
+
+func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("flock: %w", err)
+	}
+	names := map[string]*nameFiles{}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		file := e.Name()
+		esc, kind, ok := splitFile(file)
+		if !ok {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue // removed since the listing
+		}
+		n := names[esc]
+		if n == nil {
+			n = &nameFiles{}
+			names[esc] = n
+		}
+		if kind == "lock" {
+			n.hasLock = true
+		} else {
+			n.others = append(n.others, file)
+		}
+		if t := info.ModTime(); t.After(n.newest) {
+			n.newest = t
+		}
+	}
+	removed := 0
+	var errs []error
+	for _, esc := range slices.Sorted(maps.Keys(names)) {
+		if err := ctx.Err(); err != nil {
+			return removed, err
+		}
+		n := names[esc]
+		if time.Since(n.newest) < idle {
+			continue
+		}
+		ok, err := pruneName(dir, esc, n, idle)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			removed++
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// fenceFile is the directory's high-water mark: no smaller than the last
+// token of any name pruned from it. It is not a name's file: every name's
+// file ends in .lock or .guard.
+const fenceFile = "ubgo-flock.fence"
+
+// readFence returns the directory's fence, 0 when there is none (or it is
+// damaged: the clock then decides alone).
+func readFence(ctx context.Context, dir string) (uint64, error) {
+	fd, err := sysOpen(dir+string(os.PathSeparator)+fenceFile, false, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("flock: %w", err)
+	}
+	defer sysClose(fd)
+	if err := lockSpin(ctx, fd, false); err != nil {
+		return 0, err
+	}
+	rec, valid, err := readRecord(fd)
+	if err != nil {
+		return 0, fmt.Errorf("flock: reading %s: %w", fenceFile, err)
+	}
+	if !valid {
+		return 0, nil
+	}
+	return rec.token, nil
+}
+
+// raiseFence makes the directory's fence at least token.
+func raiseFence(dir string, token uint64) error {
+	fd, err := sysOpen(dir+string(os.PathSeparator)+fenceFile, true, true)
+	if err != nil {
+		return fmt.Errorf("flock: %w", err)
+	}
+	defer sysClose(fd)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := lockSpin(ctx, fd, true); err != nil {
+		return err
+	}
+	rec, valid, err := readRecord(fd)
+	if err != nil {
+		return fmt.Errorf("flock: reading %s: %w", fenceFile, err)
+	}
+	if valid && rec.token >= token {
+		return nil
+	}
+	return writeRecord(fd, &record{token: token})
+}
+
+// splitFile classifies a directory entry: "<esc>.lock" is "lock",
+// "<esc>.<i>.lock" is "slot", "<esc>.guard" is "guard".
+func splitFile(file string) (esc, kind string, ok bool) {
+	if esc, ok := lockFileEsc(file); ok {
+		if strings.HasSuffix(file, "."+"lock") && strings.Count(file, ".") == 1 {
+			return esc, "lock", true
+		}
+		return esc, "slot", true
+	}
+	if esc, ok := strings.CutSuffix(file, ".guard"); ok && esc != "" && !strings.Contains(esc, ".") {
+		return esc, "guard", true
+	}
+	return "", "", false
+}
+
+func pruneName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) {
+	c := &call{dir: dir, esc: esc}
+	c.namePath = c.file(".lock")
+	// Leftover slot or guard files without a lock file are removed under
+	// a lock file made for the purpose, by the same protocol.
+	fd, err := sysOpen(c.namePath, true, !n.hasLock)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("flock: %w", err)
+	}
+	defer wakeName(dir, esc)
+	defer sysClose(fd)
+	ok, err := sysTryLock(fd, true)
+	if err != nil || !ok {
+		return false, err
+	}
+	rec, valid, err := readRecord(fd)
+	if err != nil {
+		return false, fmt.Errorf("flock: %w", err)
+	}
+	if valid && !rec.dead {
+		// Used since the listing? The lock file is written on every
+		// acquire.
+		if _, mtime, err := sysStat(fd); err != nil || time.Since(mtime) < idle {
+			return false, err
+		}
+	}
+	if valid && rec.token > 0 {
+		// Before the counter goes, the directory's fence must be past
+		// it: a new file of this name starts above the fence.
+		if err := raiseFence(dir, rec.token); err != nil {
+			return false, err
+		}
+	}
+	if valid {
+		rec = record{dead: true, token: rec.token, limit: rec.limit}
+	} else {
+		rec = record{dead: true}
+	}
+	if err := writeRecord(fd, &rec); err != nil {
+		return false, err
+	}
+	var errs []error
+	files := slices.Clone(n.others)
+	for i := 0; i < rec.limit && i < MaxPermits; i++ {
+		files = append(files, c.slotPath(i)[len(dir)+1:])
+	}
+	files = append(files, esc+".guard")
+	for _, file := range files {
+		if err := sysRemove(dir + string(os.PathSeparator) + file); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if same, err := sysSameFile(fd, c.namePath); err != nil {
+		errs = append(errs, err)
+	} else if same {
+		if err := sysRemove(c.namePath); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return true, errors.Join(errs...)
+}
