@@ -148,9 +148,11 @@ func WithMetadata(key, value string) Option {
 	}
 }
 
-// WithAutoRenew turns background renewal of leases on or off. Backends
-// renew inside WithLock and AsLocker by default, and not for a bare
-// Acquire, whose caller renews with Extend.
+// WithAutoRenew turns background renewal of leases on or off. Every lease
+// backend renews inside WithLock and AsLocker by default. For a bare
+// Acquire the default is the backend's: redislock, filelock and memlock
+// leave renewal to the caller's Extend; etcdlock, whose lease is shared by
+// the factory's locks, renews unless told otherwise.
 func WithAutoRenew(on bool) Option { return func(o *Options) { o.AutoRenew = &on } }
 
 // WithLogger sets the logger. Acquisitions, releases and contention are

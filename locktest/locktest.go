@@ -650,7 +650,9 @@ func (s *suite) leaseExpiry(t *testing.T) {
 	if !errors.Is(h.Err(), s.ErrLockLost) || !errors.Is(h.Err(), lock.ErrLockLost) {
 		t.Fatalf("Err after the lease ran out = %v; want ErrLockLost", h.Err())
 	}
-	h2 := s.mustAcquire(t, s.New(t), name)
+	// The holder may be told before the server frees the name (lease
+	// backends stop a margin before the lease runs out).
+	h2 := s.acquireWithin(t, name, s.LossBound)
 	if h2.Token() <= h.Token() {
 		t.Fatalf("successor token %d not above %d", h2.Token(), h.Token())
 	}
@@ -706,18 +708,25 @@ func (s *suite) loss(t *testing.T) {
 		t.Fatalf("after a loss: Done closed %v, Err %v", closed(h.Done()), h.Err())
 	}
 	// The name is free again, for another client, within the bound.
-	deadline := time.Now().Add(s.LossBound)
+	h2 := s.acquireWithin(t, name, s.LossBound)
+	if h2.Token() <= h.Token() {
+		t.Errorf("token after a loss %d not above %d", h2.Token(), h.Token())
+	}
+	s.mustRelease(t, h2)
+}
+
+// acquireWithin acquires name with a new client, retrying on contention
+// for up to bound.
+func (s *suite) acquireWithin(t testing.TB, name string, bound time.Duration) lock.Holder {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for {
-		h2, err := s.New(t).Acquire(ctxT(t), name)
+		h, err := s.New(t).Acquire(ctxT(t), name)
 		if err == nil {
-			if h2.Token() <= h.Token() {
-				t.Errorf("token after a loss %d not above %d", h2.Token(), h.Token())
-			}
-			s.mustRelease(t, h2)
-			break
+			return h
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("name not free %v after a loss: %v", s.LossBound, err)
+		if !errors.Is(err, lock.ErrLocked) || time.Now().After(deadline) {
+			t.Fatalf("name not free %v after its lock was lost: %v", bound, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -764,7 +773,8 @@ func (s *suite) inspect(t *testing.T) {
 }
 
 // leaks: after warm-up, a round of acquires, waits and releases leaves no
-// goroutine behind.
+// goroutine behind. Per-factory machinery (a renewal loop, a watch) may
+// linger while idle, but must stop within 5s of the last release.
 func (s *suite) leaks(t *testing.T) {
 	name := s.name(t, "x")
 	l := s.New(t)

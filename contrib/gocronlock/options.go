@@ -1,0 +1,161 @@
+package gocronlock
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// Defaults. They are chosen for jobs that run every second or less often,
+// on replicas whose timers fire within half a second of each other.
+const (
+	DefaultKeyPrefix     = "gocron:"
+	DefaultMinHold       = 500 * time.Millisecond
+	DefaultRetryInterval = time.Second
+	DefaultTakeoverDelay = 500 * time.Millisecond
+)
+
+// An Option configures a Locker (New) or an Elector (NewElector). Each
+// option's doc says which of the two it affects; the other ignores it.
+type Option func(*config)
+
+type config struct {
+	prefix      string
+	minHold     time.Duration
+	resolution  time.Duration
+	extendEvery time.Duration
+	anyName     bool
+	retry       time.Duration
+	takeover    time.Duration
+	logger      *slog.Logger
+	noLog       bool
+	errs        []error
+}
+
+func resolve(opts []Option) config {
+	c := config{
+		prefix:   DefaultKeyPrefix,
+		minHold:  DefaultMinHold,
+		retry:    DefaultRetryInterval,
+		takeover: DefaultTakeoverDelay,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+func (c *config) invalid(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("gocronlock: %w: "+format, append([]any{lock.ErrInvalidOption}, args...)...))
+}
+
+func (c *config) log() *slog.Logger {
+	switch {
+	case c.noLog:
+		return slog.New(slog.DiscardHandler)
+	case c.logger != nil:
+		return c.logger
+	}
+	return slog.Default()
+}
+
+// WithKeyPrefix sets what goes in front of every lock name the Locker or
+// Elector asks its lock.Locker for, so that gocron's locks do not meet the
+// application's own locks of the same name. Default: "gocron:". The empty
+// prefix is allowed.
+func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithMinHold makes the Locker keep a run's job lock until d has passed
+// since Lock, even when the job finished sooner. The release happens in the
+// background, so gocron is not held up. A replica whose timer fires up to d
+// after the winner's therefore finds the lock taken and skips the run it
+// would otherwise repeat. d must stay below the job's interval minus that
+// skew, or the next run is skipped too. 0 releases at once. Default: 500ms.
+func WithMinHold(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.invalid("WithMinHold(%v): must not be negative", d)
+			return
+		}
+		c.minHold = d
+	}
+}
+
+// WithTickResolution makes the Locker also take a lock per scheduled run,
+// named prefix + job name + "@" + the Lock time rounded to d (RFC 3339, UTC),
+// and keep it until 2×d after Lock. Replicas whose timers fire within d/2
+// of a tick that is a multiple of d share that lock, so only the first
+// runs the tick, however soon it finishes. d must not exceed the job's
+// interval, and the job's times should fall on multiples of d (cron jobs
+// do at d = 1s; give duration jobs gocron.WithStartAt). 0 turns tick locks
+// off. Default: off.
+func WithTickResolution(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.invalid("WithTickResolution(%v): must not be negative", d)
+			return
+		}
+		c.resolution = d
+	}
+}
+
+// WithExtendEvery makes the Locker call Extend every d on the locks of a run
+// whose holder implements lock.Extender, until they are released. The
+// holders of the family's AsLocker already renew themselves; this is for a
+// lock.Locker built with WithAutoRenew(false) or one from elsewhere. An
+// Extend that reports lock.ErrLockLost marks the run's lock lost (see
+// JobContext). 0 turns it off. Default: off.
+func WithExtendEvery(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.invalid("WithExtendEvery(%v): must not be negative", d)
+			return
+		}
+		c.extendEvery = d
+	}
+}
+
+// WithAllowFuncNames turns off the check that rejects job names shaped like
+// a Go function name ("main.syncJob", "example.com/app/jobs.(*T).Run-fm"),
+// which is what gocron names a job given no gocron.WithName. Use it only if
+// such names are your jobs' real, distinct names.
+func WithAllowFuncNames() Option { return func(c *config) { c.anyName = true } }
+
+// WithRetryInterval sets how long an Elector waits between campaigns when
+// the lock is taken or the backend fails, and after losing leadership.
+// Default: 1s. A lock.Locker built with WithWait needs no polling: its
+// Acquire returns as soon as the lock is free.
+func WithRetryInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.invalid("WithRetryInterval(%v): must be positive", d)
+			return
+		}
+		c.retry = d
+	}
+}
+
+// WithTakeoverDelay makes an Elector that has just won the lock wait d
+// before IsLeader reports it leader, so that a tick the previous leader ran
+// just before losing is not run again by a new leader whose timer fires up
+// to d later. 0 makes the winner leader at once. Default: 500ms.
+func WithTakeoverDelay(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.invalid("WithTakeoverDelay(%v): must not be negative", d)
+			return
+		}
+		c.takeover = d
+	}
+}
+
+// WithLogger sets where the Locker and Elector log (rejected job names and
+// lost locks at Warn, leadership changes at Info). nil turns logging off.
+// Default: slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger, c.noLog = l, l == nil }
+}

@@ -1,0 +1,421 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/etcdlock"
+	"github.com/ubgo/lock/locktest"
+)
+
+func TestConformance(t *testing.T) {
+	cli := client(t)
+	operator := client(t)
+	prefix := testPrefix(t)
+	locktest.Run(t, locktest.Backend{
+		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return factory(t, cli, etcdlock.WithKeyPrefix(prefix)).AsLocker(opts...)
+		},
+		ErrLocked:   etcdlock.ErrLocked,
+		ErrLockLost: etcdlock.ErrLockLost,
+		Wait:        true,
+		Semaphore:   true,
+		Extend:      true,
+		// The shared server runs with etcd's default election timeout, whose
+		// minimum lease is 2s.
+		TTL:       2 * time.Second,
+		Inspector: func(t testing.TB) lock.Inspector { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		Lose: func(t testing.TB, h lock.Holder) {
+			// An operator deletes the key.
+			if _, err := operator.Delete(context.Background(), h.(*etcdlock.Holder).Key()); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
+}
+
+func TestInvalidInput(t *testing.T) {
+	ctx := context.Background()
+	for _, d := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, time.Second + 1} {
+		f := etcdlock.NewFactory(nil, etcdlock.WithTTL(d))
+		if _, err := f.Acquire(ctx, "x"); !errors.Is(err, lock.ErrInvalidOption) {
+			t.Errorf("factory WithTTL(%v): Acquire = %v; want ErrInvalidOption", d, err)
+		}
+	}
+	f := etcdlock.NewFactory(nil)
+	if _, err := f.Acquire(ctx, "x"); err == nil {
+		t.Fatal("Acquire on a factory with a nil client succeeded")
+	}
+	if _, err := f.Inspect(ctx, "x"); err == nil {
+		t.Fatal("Inspect on a factory with a nil client succeeded")
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	cli := client(t)
+	g := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)))
+	if _, err := g.Acquire(ctx, "x", etcdlock.WithTTL(2500*time.Millisecond)); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("per-call WithTTL(2.5s) = %v; want ErrInvalidOption", err)
+	}
+}
+
+// An operator deleting the key, or revoking the lease, takes the lock away.
+func TestOperatorTakesLockAway(t *testing.T) {
+	cli := client(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)))
+	ctx := ctxT(t, time.Minute)
+
+	h, err := f.Acquire(ctx, "deleted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.Acquire(ctx, "bystander")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(ctx, h.Key()); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, h.Done(), 10*time.Second, "loss after the key was deleted")
+	if !errors.Is(h.Err(), etcdlock.ErrLockLost) {
+		t.Fatalf("Err = %v", h.Err())
+	}
+	if other.Err() != nil {
+		t.Fatalf("deleting one key took another lock on the same lease: %v", other.Err())
+	}
+	if err := h.Release(); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Release after loss = %v", err)
+	}
+	if err := other.Release(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Revoking the lease ends every lock on it; later acquires get a new
+	// lease.
+	a, err := f.Acquire(ctx, "revoked-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.Acquire(ctx, "revoked-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Lease() != b.Lease() {
+		t.Fatalf("two locks of one factory use leases %x and %x; want one shared lease", a.Lease(), b.Lease())
+	}
+	if _, err := cli.Revoke(ctx, a.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, a.Done(), 10*time.Second, "loss of a after the lease was revoked")
+	waitClosed(t, b.Done(), 10*time.Second, "loss of b after the lease was revoked")
+	c, err := f.Acquire(ctx, "revoked-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Lease() == a.Lease() {
+		t.Fatal("a revoked lease was used again")
+	}
+	if c.Token() <= a.Token() {
+		t.Fatalf("token %d after %d", c.Token(), a.Token())
+	}
+	if err := c.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Waiters are granted in the order they queued.
+func TestWaitIsFIFO(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		// Queue one at a time: each waiter's key is written before the next
+		// starts.
+		g := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+		queued := make(chan struct{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := g.Acquire(ctx, "q", etcdlock.WithWait())
+			if err != nil {
+				t.Error(err)
+				close(queued)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			w.Release()
+		}()
+		go func() {
+			for {
+				resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+				if err == nil && resp.Count >= int64(i+2) {
+					close(queued)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		<-queued
+	}
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("grant order %v; want FIFO", order)
+		}
+	}
+}
+
+func TestInspectDetails(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix), etcdlock.WithTTL(30*time.Second))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "inspected", etcdlock.WithMaxConcurrent(2),
+		etcdlock.WithOwner("job-7"), etcdlock.WithMetadata("shard", "3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := f.Inspect(ctx, "inspected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Limit != 2 || len(info.Holders) != 1 {
+		t.Fatalf("Inspect = %+v; want limit 2 and one holder", info)
+	}
+	hi := info.Holders[0]
+	if hi.Token != h.Token() || hi.Owner != "job-7" || hi.Metadata["shard"] != "3" {
+		t.Fatalf("holder info %+v", hi)
+	}
+	if left := time.Until(hi.Expires); left <= 0 || left > 31*time.Second {
+		t.Fatalf("expires in %v; want within the 30s TTL", left)
+	}
+	if hi.Since.IsZero() || time.Since(hi.Since) > time.Minute {
+		t.Fatalf("since %v", hi.Since)
+	}
+	h.Release()
+}
+
+// Close frees the factory's locks, and the holders see the loss.
+func TestClose(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	f := etcdlock.NewFactory(cli, etcdlock.WithKeyPrefix(prefix))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "closed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := f.Acquire(ctx, "closed", etcdlock.WithWait())
+		waiting <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("waiter after Close: %v; want ErrClosed", err)
+	}
+	if !errors.Is(h.Err(), lock.ErrLockLost) {
+		t.Fatalf("holder after Close: %v", h.Err())
+	}
+	if _, err := f.Acquire(ctx, "x"); !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+	g := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+	h2, err := g.Acquire(ctx, "closed")
+	if err != nil {
+		t.Fatalf("lock not freed by Close: %v", err)
+	}
+	h2.Release()
+}
+
+// Key names are used again, so that a busy name does not fill etcd's index
+// with deleted keys; a leftover key under a name this factory would use is
+// skipped, and holds the lock while it exists.
+func TestKeyNamesReused(t *testing.T) {
+	cli := client(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)))
+	ctx := ctxT(t, time.Minute)
+	var key string
+	var last uint64
+	for i := 0; i < 3; i++ {
+		h, err := f.Acquire(ctx, "reused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && h.Key() != key {
+			t.Fatalf("acquire %d used key %q, earlier %q", i, h.Key(), key)
+		}
+		if h.Token() <= last {
+			t.Fatalf("token %d after %d", h.Token(), last)
+		}
+		key, last = h.Key(), h.Token()
+		if err := h.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A leftover under that name (as a lost lock's key can be until its
+	// lease runs out) is not taken over.
+	if _, err := cli.Put(ctx, key, "leftover"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, "reused"); !errors.Is(err, etcdlock.ErrLocked) {
+		t.Fatalf("Acquire with a leftover key = %v; want ErrLocked", err)
+	}
+	if _, err := cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.Acquire(ctx, "reused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Token() <= last {
+		t.Fatalf("token %d after %d", h.Token(), last)
+	}
+	h.Release()
+}
+
+// An idle lease is taken up again rather than granted anew.
+func TestIdleLeaseReused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the idle linger")
+	}
+	cli := client(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)), etcdlock.WithTTL(30*time.Second))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	time.Sleep(3 * time.Second) // renewal stops after 2s unused
+	h2, err := f.Acquire(ctx, "idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2.Lease() != h.Lease() {
+		t.Fatalf("lease %x after %x; want the idle lease taken up again", h2.Lease(), h.Lease())
+	}
+	h2.Release()
+}
+
+// A waiter whose key is deleted by an operator queues again and is still
+// served.
+func TestWaiterKeyDeleted(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+	g := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *etcdlock.Holder, 1)
+	go func() {
+		w, err := g.Acquire(ctx, "w", etcdlock.WithWait())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- w
+	}()
+	var waiterKey string
+	for waiterKey == "" {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			if string(kv.Key) != h.Key() {
+				waiterKey = string(kv.Key)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := cli.Delete(ctx, waiterKey); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter puts itself back in the queue.
+	for {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 2 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case <-got:
+		t.Fatal("the waiter acquired while the lock was held")
+	default:
+	}
+	h.Release()
+	w := <-got
+	if w == nil {
+		t.FailNow()
+	}
+	if w.Token() <= h.Token() {
+		t.Fatalf("token %d after %d", w.Token(), h.Token())
+	}
+	w.Release()
+}
+
+// After Close, nothing the factory started is left running.
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	time.Sleep(50 * time.Millisecond)
+	base := runtime.NumGoroutine()
+	f := etcdlock.NewFactory(cli, etcdlock.WithKeyPrefix(prefix), etcdlock.WithTTL(5*time.Second))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, "b", etcdlock.WithMaxConcurrent(2), etcdlock.WithAutoRenew(false)); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.Acquire(wctx, "a", etcdlock.WithWait()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait on a held lock = %v", err)
+	}
+	h.Extend(ctx)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

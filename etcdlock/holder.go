@@ -1,0 +1,151 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// Holder is one held lock or semaphore permit: one key in etcd.
+type Holder struct {
+	f     *Factory
+	w     *watcher
+	s     *session
+	name  string
+	key   string
+	claim claim
+	token uint64 // the key's create revision
+	opts  *lock.Options
+	state *backend.State
+	ctx   context.Context // the Acquire context without its cancellation, for reports
+	since time.Time
+
+	detachOnce  sync.Once
+	releaseOnce sync.Once
+	releaseErr  error
+}
+
+// Token is the fencing token: the etcd revision at which this holder's key
+// was created, strictly increasing across the cluster.
+func (h *Holder) Token() uint64 { return h.token }
+
+// Done is closed when the lock is released or lost.
+func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
+
+// Err is nil while held or after Release, and matches ErrLockLost once lost.
+func (h *Holder) Err() error { return h.state.Err() }
+
+// Name is the name the lock was acquired under.
+func (h *Holder) Name() string { return h.name }
+
+// Key is the etcd key that is this lock; deleting it (etcdctl del) takes the
+// lock away.
+func (h *Holder) Key() string { return h.key }
+
+// Lease is the id of the lease the key is attached to; revoking it takes
+// away every lock on it.
+func (h *Holder) Lease() clientv3.LeaseID { return h.s.id }
+
+// Release gives the lock up by deleting its key, if the key is still the one
+// this holder created. It is idempotent and bounded by
+// backend.ReleaseTimeout whatever the Acquire context; after a loss it
+// returns an error matching ErrLockLost. If etcd cannot be reached the key
+// is deleted later in the background, or goes with its lease.
+func (h *Holder) Release() error {
+	h.releaseOnce.Do(func() { h.releaseErr = h.release() })
+	if err := h.state.Err(); err != nil {
+		return err
+	}
+	return h.releaseErr
+}
+
+func (h *Holder) release() error {
+	ctx, cancel := backend.ReleaseContext(h.ctx)
+	defer cancel()
+	h.w.untrack(h.claim) // our own deletion is not a loss
+	resp, err := h.f.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", int64(h.token))).
+		Then(clientv3.OpDelete(h.key)).
+		Commit()
+	switch {
+	case err != nil:
+		h.s.addOrphan(h.claim, int64(h.token))
+		err = fmt.Errorf("etcdlock: release %q: %w", h.name, err)
+		h.end(err)
+		return err
+	case !resp.Succeeded:
+		h.lose()
+		return ErrLockLost
+	}
+	h.f.unclaim(h.claim)
+	h.end(nil)
+	return nil
+}
+
+func (h *Holder) end(err error) {
+	h.detach()
+	if h.state.End() {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+	}
+}
+
+// Extend renews the lease now, which pushes the expiry one TTL into the
+// future for every lock on the same lease, and checks that the key is still
+// there. It returns an error matching ErrLockLost once the lock is gone.
+// With WithAutoRenew(false) it is the only renewal.
+func (h *Holder) Extend(ctx context.Context) error {
+	start := time.Now()
+	err := h.extend(ctx)
+	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	return err
+}
+
+func (h *Holder) extend(ctx context.Context) error {
+	if h.state.Ended() {
+		return ErrLockLost
+	}
+	if err := h.s.keepAlive(ctx); err != nil {
+		if h.state.Ended() {
+			return ErrLockLost
+		}
+		return fmt.Errorf("etcdlock: extend %q: %w", h.name, err)
+	}
+	resp, err := h.f.cli.Get(ctx, h.key, clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("etcdlock: extend %q: %w", h.name, err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(h.token) {
+		h.lose()
+	}
+	if h.state.Ended() {
+		return ErrLockLost
+	}
+	return nil
+}
+
+// lose makes the holder lose its lock.
+func (h *Holder) lose() {
+	h.w.untrack(h.claim)
+	if h.state.Lose(ErrLockLost) {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+	}
+	h.detach()
+	// The key is gone, or goes with a lease that is no longer renewed; an
+	// acquire that meets it before then skips the name.
+	h.f.unclaim(h.claim)
+}
+
+// detach drops the holder's references to its session and watch.
+func (h *Holder) detach() {
+	h.detachOnce.Do(func() {
+		h.s.removeHolder(h)
+		h.f.unrefSession(h.s)
+		h.f.unrefWatch(h.w)
+	})
+}

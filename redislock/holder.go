@@ -1,0 +1,191 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// Holder is one held lock or semaphore permit.
+type Holder struct {
+	f     *Factory
+	name  string
+	k     keys
+	id    string // random, unique per acquisition: what Release and Extend compare
+	ls    lease
+	token uint64
+	opts  *lock.Options
+	ctx   context.Context // the Acquire context without its cancellation, for reports
+	start time.Time
+	state *backend.State
+	relMu sync.Mutex // one Release at a time
+
+	// dirty: the holder was declared lost by its own clock and its key
+	// may still be on the server; a later Release removes it.
+	dirty atomic.Bool
+
+	// Guarded by f.rn.mu.
+	auto     bool      // renewed by the factory's loop
+	tracked  bool      // in the loop's set: held as far as the holder knows
+	inflight bool      // a renewal is on its way
+	failing  bool      // the last renewal failed (reported once)
+	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
+	renewAt  time.Time // a renewal pass from this time on takes this holder along
+	renewBy  time.Time // the loop wakes up to renew it at this time
+}
+
+func (f *Factory) newHolder(ctx context.Context, name string, k keys, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
+	h := &Holder{
+		f: f, name: name, k: k, id: id, ls: ls, token: a.token, opts: o,
+		ctx: context.WithoutCancel(ctx), start: a.sent, state: backend.NewState(), auto: renew,
+	}
+	h.confirmLocked(a.sent)
+	return h
+}
+
+// confirmLocked records that the server accepted an acquire or extend sent
+// at sent: the server's lease then runs until at least sent+ttl. f.rn.mu is
+// held (or h is not yet shared).
+func (h *Holder) confirmLocked(sent time.Time) {
+	if d := sent.Add(h.ls.ttl - h.ls.margin); d.After(h.deadline) {
+		h.deadline = d
+	}
+	if by := sent.Add(h.ls.ttl / 3); by.After(h.renewBy) {
+		h.renewBy = by
+		h.renewAt = sent.Add(h.ls.ttl / 6)
+	}
+}
+
+// Token is the fencing token: greater than zero and strictly larger than
+// the token of every earlier holder of the name.
+func (h *Holder) Token() uint64 { return h.token }
+
+// Done is closed when the lock is released or lost.
+func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
+
+// Err is nil while held or after Release, and matches ErrLockLost once lost.
+func (h *Holder) Err() error { return h.state.Err() }
+
+// Name is the name the lock was acquired under.
+func (h *Holder) Name() string { return h.name }
+
+// Release gives the lock up, if it is still this holder's: a lock that was
+// lost is never freed for its successor. It is idempotent, runs on its own
+// bounded context, and after a loss returns an error matching ErrLockLost.
+// If Redis cannot be reached it returns that error and may be called
+// again; the lock then frees itself when its lease runs out.
+func (h *Holder) Release() error {
+	h.relMu.Lock()
+	defer h.relMu.Unlock()
+	if h.state.Ended() {
+		if h.dirty.Load() {
+			ctx, cancel := backend.ReleaseContext(h.ctx)
+			if h.releaseScript(ctx) == nil {
+				h.dirty.Store(false)
+			}
+			cancel()
+		}
+		return h.state.Err()
+	}
+	h.f.rn.stopRenewing(h)
+	start := time.Now()
+	ctx, cancel := backend.ReleaseContext(h.ctx)
+	defer cancel()
+	sc, keys, args := releaseCall(h.k, h.id, h.ls.limit)
+	v, err := sc.Run(ctx, h.f.c, keys, args...).Int64()
+	if err != nil {
+		err = fmt.Errorf("redislock: release %q: %w", h.name, err)
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+		return err
+	}
+	h.f.rn.remove(h)
+	if v != 1 {
+		h.lose(fmt.Errorf("%w: no longer held at release", ErrLockLost))
+		return h.state.Err()
+	}
+	if h.state.End() {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Held: time.Since(h.start)})
+	}
+	return h.state.Err()
+}
+
+func (h *Holder) releaseScript(ctx context.Context) error {
+	sc, keys, args := releaseCall(h.k, h.id, h.ls.limit)
+	return sc.Run(ctx, h.f.c, keys, args...).Err()
+}
+
+// Extend renews the lease for another TTL, in one round trip. Once the
+// lock is lost (or released) it returns an error matching ErrLockLost and
+// touches nothing. Other errors (Redis unreachable) leave the holder as it
+// was: it is lost when its lease deadline passes unconfirmed.
+func (h *Holder) Extend(ctx context.Context) error {
+	start := time.Now()
+	err := h.extend(ctx)
+	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	return err
+}
+
+func (h *Holder) extend(ctx context.Context) error {
+	if h.state.Ended() {
+		if err := h.state.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: released", ErrLockLost)
+	}
+	sent := time.Now()
+	sc, keys, args := extendCall(h.k, h.id, h.ls.limit, h.ls.ttl)
+	v, err := sc.Run(ctx, h.f.c, keys, args...).Int64()
+	if err != nil {
+		return fmt.Errorf("redislock: extend %q: %w", h.name, err)
+	}
+	if v != 1 {
+		h.f.rn.remove(h)
+		h.lose(fmt.Errorf("%w: no longer held at extend", ErrLockLost))
+		return h.state.Err()
+	}
+	if !h.f.rn.confirm(h, sent) {
+		// The holder gave the lock up (lost by its deadline, released or
+		// closed) while the extend was on its way: do not keep it.
+		ctx, cancel := backend.ReleaseContext(h.ctx)
+		h.releaseScript(ctx)
+		cancel()
+		if err := h.state.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: released", ErrLockLost)
+	}
+	return nil
+}
+
+// lose ends the holder with err, which matches ErrLockLost.
+func (h *Holder) lose(err error) {
+	if h.state.Lose(err) {
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.start), Err: err})
+	}
+}
+
+// expire runs when the holder's lease deadline passed without a confirmed
+// acquire or renewal. The holder stops at once — Done closes while the
+// server still holds the key for at least the margin — and then removes
+// the key if Redis can be reached, so a successor need not wait out the
+// rest of the TTL.
+func (h *Holder) expire() {
+	defer h.f.wg.Done()
+	h.dirty.Store(true)
+	h.lose(fmt.Errorf("%w: lease not confirmed within %v", ErrLockLost, h.ls.ttl-h.ls.margin))
+	h.cleanup()
+}
+
+// cleanup removes the holder's key, if it is still the holder's.
+func (h *Holder) cleanup() {
+	ctx, cancel := backend.ReleaseContext(h.ctx)
+	defer cancel()
+	if h.releaseScript(ctx) == nil {
+		h.dirty.Store(false)
+	}
+}

@@ -1,0 +1,70 @@
+package redislock
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// Option configures the factory (defaults) or one call (overrides). The
+// options mean the same in every backend of the family.
+type Option = lock.Option
+
+// Defaults and limits.
+const (
+	// DefaultTTL is the lease length when WithTTL is not given: how long
+	// a crashed holder keeps a name before Redis frees it.
+	DefaultTTL = 30 * time.Second
+	// MinTTL is the shortest lease accepted. Below it the safety margin
+	// (see WithTTL) is too thin to matter even on loopback; a lease should
+	// in practice be many round trips long.
+	MinTTL = 10 * time.Millisecond
+	// DefaultKeyPrefix is put in front of every key when WithKeyPrefix is
+	// not given.
+	DefaultKeyPrefix = "lock:"
+)
+
+// WithMaxConcurrent makes the name a semaphore of n permits (a sorted set
+// of permits in Redis). Every holder of a name must use the same n; the
+// limit is stored beside the permits and a different n gets an error
+// matching lock.ErrLimitMismatch. Default 1 (a mutex, a plain string key).
+func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
+
+// WithWait makes Acquire wait until the lock is free or ctx ends, instead
+// of failing at once with ErrLocked. A waiter is woken by the release's
+// pub/sub notification, and retries when the current lease would run out
+// in case its holder dies without releasing.
+func WithWait() Option { return lock.WithWait() }
+
+// WithTTL sets the lease length (default DefaultTTL, at least MinTTL).
+// Redis frees a lock whose holder neither released nor extended it within
+// d. The holder itself considers the lock lost slightly earlier, at
+// d - d/10 - 2ms after it sent its last confirmed acquire or extend, so that
+// it stops before Redis can hand the name to someone else.
+func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
+
+// WithKeyPrefix puts every key and channel under prefix, used verbatim
+// (default DefaultKeyPrefix, "lock:"; an empty prefix means the default).
+// A name's keys are <prefix>{<escaped name>}:lock, :token, :slots,
+// :permits, and its channel <prefix>{<escaped name>}:released.
+func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
+
+// WithAutoRenew keeps leases alive in the background, at a third of the
+// TTL, from one renewal loop per factory. It is on inside WithLock and
+// AsLocker and off for Acquire, whose caller renews with Extend.
+func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
+
+// WithOwner records who holds the lock (a job or trace id), stored with
+// the lock and shown by Inspect. Default: pid@hostname.
+func WithOwner(owner string) Option { return lock.WithOwner(owner) }
+
+// WithMetadata adds a key/value pair stored with the lock and shown by
+// Inspect.
+func WithMetadata(key, value string) Option { return lock.WithMetadata(key, value) }
+
+// WithLogger sets the logger; nil turns logging off. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
+
+// WithObserver sets the metrics and tracing hook.
+func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }

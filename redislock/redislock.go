@@ -1,0 +1,618 @@
+// Package redislock is a lock backend on Redis: named mutexes and
+// semaphores with fencing tokens, leases that renew, and waiting woken by
+// pub/sub.
+//
+// Every operation is one Lua script, so acquire, release and extend each
+// take one round trip. The acquire script sets the key with an expiry and
+// draws the fencing token in the same atomic step, so a holder that pauses
+// can never end up with a larger token than its successor. Release and
+// Extend act only while the stored holder id (random, one per acquisition)
+// is still this holder's, so a late call never touches a successor's lock.
+// No key is ever written without an expiry.
+//
+// Exclusion holds under these assumptions:
+//   - One Redis primary decides: a standalone server, or the primary that
+//     owns the name's hash slot in a cluster. Replication is asynchronous,
+//     so a failover can lose a lock the old primary granted and let a
+//     second holder in. Where that matters, pass Holder.Token to the
+//     resource and have it reject older tokens.
+//   - Clocks run at about the same rate on client and server. A holder's
+//     lease deadline is the time it sent its last confirmed acquire or
+//     extend, plus TTL - TTL/10 - 2ms, on its own monotonic clock: Redis
+//     started the lease after that send, so it cannot expire it before.
+//   - A process paused past its deadline cannot stop its own work, but
+//     its late Extend or Release fails with ErrLockLost without touching
+//     the successor, and its token is smaller than the successor's.
+//
+// Leases: holders from WithLock and AsLocker renew automatically, from one
+// loop per factory that pipelines the renewals of all its locks. A renewed
+// holder that cannot get a renewal confirmed by its deadline closes Done,
+// fails Err with ErrLockLost and cancels WithLock's context (while Redis
+// still holds the key), then removes the key; it never takes the lock back
+// by itself. Holders from Acquire do not renew unless WithAutoRenew(true)
+// is given: call Extend before the deadline. At the deadline the factory
+// removes the key, so the next holder need not wait for the rest of the
+// TTL, and then closes Done.
+//
+// Tokens are strictly increasing per name and never below the server's
+// clock in microseconds, so they keep increasing even when the token
+// counter is lost (a restart without persistence, eviction), as long as the
+// server's clock does not go back.
+//
+// The factory accepts any go-redis client: *redis.Client (also a failover
+// client), *redis.ClusterClient, *redis.Ring or a redis.UniversalClient. On a
+// Ring, pub/sub reaches only one shard, so waiters of names on other shards
+// are not notified and poll instead.
+package redislock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// Errors, matching the root sentinels with errors.Is.
+var (
+	ErrLocked   = fmt.Errorf("redislock: %w", lock.ErrLocked)
+	ErrLockLost = fmt.Errorf("redislock: %w", lock.ErrLockLost)
+)
+
+const backendName = "redislock"
+
+// tokenRetention is how long the token counter outlives the last acquire.
+// Tokens never go below the server clock in microseconds, so the counter
+// only matters for acquisitions within the same microsecond or while the
+// server clock steps back; it need not live forever.
+const tokenRetention = 24 * time.Hour
+
+// maxPoll bounds the wait between two attempts of a waiter that receives no
+// notification, for a notification lost while pub/sub reconnects.
+const maxPoll = 5 * time.Second
+
+// Client is the part of a go-redis client the factory uses: scripts,
+// pipelines and pub/sub. *redis.Client, *redis.ClusterClient, *redis.Ring
+// and every redis.UniversalClient implement it.
+type Client interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+var (
+	_ Client = (*redis.Client)(nil)
+	_ Client = (*redis.ClusterClient)(nil)
+	_ Client = (*redis.Ring)(nil)
+	_ Client = redis.UniversalClient(nil)
+)
+
+// Factory hands out locks kept in Redis. Factories on the same server and
+// key prefix contend with each other, whichever process they are in.
+// Create one per client and share it: it runs one renewal loop and one
+// pub/sub connection for all its locks. Close it when done; without Close
+// its goroutines still stop once nothing is held or waited for.
+type Factory struct {
+	c     Client
+	opts  lock.Options
+	err   error
+	owner string // pid@host, the default for WithOwner
+	meta  string // the stored metadata when no call sets its own
+	// together: every key seems to live on one server (a *redis.Client,
+	// not a cluster or a ring client), so one script may renew many names.
+	// Cleared if the server says otherwise (a plain client on a cluster).
+	together atomic.Bool
+
+	rn  renewer
+	hub hub
+	wg  sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+}
+
+// NewFactory returns a factory on client whose options are the defaults for
+// every call. A nil client or an invalid option is reported by the first
+// Acquire.
+func NewFactory(client Client, opts ...Option) *Factory {
+	o, err := lock.Apply(lock.Options{}, opts...)
+	if err == nil {
+		err = checkTTL(o.TTL)
+	}
+	if isNil(client) {
+		err = errors.Join(err, fmt.Errorf("redislock: %w: nil Redis client", lock.ErrInvalidOption))
+	}
+	f := &Factory{c: client, opts: o, err: err, closing: make(chan struct{}), owner: defaultOwner()}
+	f.rn.f = f
+	f.hub.f = f
+	_, together := client.(*redis.Client)
+	f.together.Store(together)
+	if f.err == nil {
+		f.meta, f.err = f.encodeMeta(&o)
+	}
+	return f
+}
+
+func isNil(c Client) bool {
+	if c == nil {
+		return true
+	}
+	v := reflect.ValueOf(c)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
+}
+
+func defaultOwner() string {
+	host, _ := os.Hostname()
+	return strconv.Itoa(os.Getpid()) + "@" + host
+}
+
+func checkTTL(d time.Duration) error {
+	if d != 0 && d < MinTTL {
+		return fmt.Errorf("redislock: %w: WithTTL(%v) is below the minimum of %v", lock.ErrInvalidOption, d, MinTTL)
+	}
+	return nil
+}
+
+// Acquire takes name. On contention it returns an error matching ErrLocked
+// at once, or with WithWait waits until the lock is free or ctx ends. The
+// lease is not renewed unless WithAutoRenew(true) is given: call Extend.
+func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
+	return f.acquire(ctx, name, false, opts)
+}
+
+// WithLock runs fn while holding name; see lock.WithLock. The lease renews
+// automatically unless WithAutoRenew(false) is given, and fn's context is
+// cancelled if the lock is lost.
+func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
+	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
+}
+
+// AsLocker returns the factory as a lock.Locker whose every Acquire uses
+// opts. Its holders are *Holder values (so lock.Extender works on them);
+// leases renew automatically unless WithAutoRenew(false) is given.
+func (f *Factory) AsLocker(opts ...Option) lock.Locker {
+	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
+		return f.acquire(ctx, name, true, opts)
+	})
+}
+
+// keys are the Redis keys and channel of one name.
+type keys struct {
+	lock, token, slots, permits, channel string
+}
+
+func keysFor(prefix, name string) keys {
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	base := prefix + "{" + backend.Escape(name) + "}:"
+	return keys{
+		lock: base + "lock", token: base + "token", slots: base + "slots",
+		permits: base + "permits", channel: base + "released",
+	}
+}
+
+func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
+
+// lease holds the resolved settings of one acquisition.
+type lease struct {
+	ttl    time.Duration
+	margin time.Duration // the holder gives up this long before the server's expiry
+	limit  int
+}
+
+func leaseOf(o *lock.Options) lease {
+	ttl := o.TTL
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	ttl = ttl.Truncate(time.Millisecond) // what Redis stores
+	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit()}
+}
+
+func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
+	if f.err != nil {
+		return f.opts, f.err
+	}
+	o, err := lock.Apply(f.opts, opts...)
+	if err == nil {
+		err = checkTTL(o.TTL)
+	}
+	if err != nil {
+		return o, err
+	}
+	return o, lock.ValidateName(name)
+}
+
+func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
+	start := time.Now()
+	o, err := f.resolve(name, opts)
+	if err != nil {
+		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
+		return nil, err
+	}
+	h, wait, err := f.take(ctx, name, &o, o.Renew(renew))
+	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
+	if h != nil {
+		e.Token = h.token
+	}
+	o.Report(ctx, e)
+	return h, err
+}
+
+// attempt is the outcome of one run of the acquire script.
+type attempt struct {
+	status int // 1 acquired, 0 locked, -1 limit mismatch
+	token  uint64
+	since  int64 // server ms
+	pttl   time.Duration
+	limit  int
+	sent   time.Time
+}
+
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if f.isClosed() {
+		return nil, 0, lock.ErrClosed
+	}
+	k := keysFor(o.KeyPrefix, name)
+	ls := leaseOf(o)
+	id := newID()
+	meta, err := f.encodeMeta(o)
+	if err != nil {
+		return nil, 0, err
+	}
+	var (
+		w         *waiter
+		waitStart time.Time
+		acquired  bool
+		poll      = maxPoll // until an attempt tells how long the holder's lease has left
+		skipTry   bool
+	)
+	defer func() {
+		if w != nil {
+			f.hub.leave(w, acquired, ls.limit)
+		}
+	}()
+	waited := func() time.Duration {
+		if waitStart.IsZero() {
+			return 0
+		}
+		return time.Since(waitStart)
+	}
+	if o.Wait && f.hub.waiting(k.channel) > 0 {
+		// Others in this process wait already: queue behind them rather
+		// than overtake them. The release that frees the lock wakes the
+		// first of them, and each in turn.
+		waitStart = time.Now()
+		var fresh bool
+		var ahead int
+		w, fresh, ahead = f.hub.join(k.channel)
+		skipTry = fresh || ahead > 0
+	}
+	for {
+		if !skipTry {
+			a, err := f.try(ctx, k, id, ls, meta)
+			switch {
+			case err != nil:
+				if w != nil && ctx.Err() != nil {
+					return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+				}
+				return nil, waited(), err
+			case a.status == 1:
+				h := f.newHolder(ctx, name, k, id, ls, o, a, renew)
+				if !f.rn.add(h) {
+					h.Release()
+					return nil, waited(), lock.ErrClosed
+				}
+				acquired = true
+				return h, waited(), nil
+			case a.status < 0:
+				return nil, waited(), fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
+			case !o.Wait:
+				return nil, 0, ErrLocked
+			}
+			poll = a.pttl
+			if w == nil {
+				waitStart = time.Now()
+				var fresh bool
+				var ahead int
+				w, fresh, ahead = f.hub.join(k.channel)
+				if !fresh && ahead == 0 {
+					// This process already listens on the channel, so a
+					// release from now on wakes us; one from before we
+					// joined would be missed: look again at once.
+					continue
+				}
+			}
+		}
+		skipTry = false
+		// A fresh subscription wakes us once the server confirms it; a
+		// release wakes the first waiter; a holder that dies without
+		// releasing is noticed when its lease runs out.
+		t := time.NewTimer(min(max(poll, time.Millisecond), maxPoll))
+		select {
+		case <-w.wake:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+		case <-f.closing:
+			t.Stop()
+			return nil, waited(), lock.ErrClosed
+		}
+		t.Stop()
+		if err := ctx.Err(); err != nil {
+			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
+		}
+	}
+}
+
+// try runs the acquire script once.
+func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, meta string) (attempt, error) {
+	a := attempt{sent: time.Now()}
+	var cmd *redis.Cmd
+	if ls.limit == 1 {
+		cmd = mutexAcquire.Run(ctx, f.c, k.list(), id+":", ls.ttl.Milliseconds(), meta, tokenRetention.Milliseconds())
+	} else {
+		cmd = semAcquire.Run(ctx, f.c, k.list(), id, ls.ttl.Milliseconds(), ls.limit, meta, tokenRetention.Milliseconds())
+	}
+	res, err := cmd.Slice()
+	if err != nil {
+		if !isReply(err) {
+			// The script may have run and its reply been lost: make sure
+			// no lock of ours stays behind. Its id is unique, so this
+			// cannot touch anyone else's.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
+			s, keys, args := releaseCall(k, id, ls.limit)
+			s.Run(cctx, f.c, keys, args...)
+			cancel()
+		}
+		return a, fmt.Errorf("redislock: acquire: %w", err)
+	}
+	if len(res) < 2 {
+		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
+	}
+	st, _ := toInt(res[0])
+	a.status = int(st)
+	switch a.status {
+	case 1:
+		if len(res) < 3 {
+			return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
+		}
+		tok, err1 := toUint(res[1])
+		since, err2 := toInt(res[2])
+		if err1 != nil || err2 != nil || tok == 0 {
+			return a, fmt.Errorf("redislock: acquire: bad reply %v", res)
+		}
+		a.token, a.since = tok, since
+	case 0:
+		ms, _ := toInt(res[1])
+		a.pttl = time.Duration(ms) * time.Millisecond
+	default:
+		lim, _ := toInt(res[1])
+		a.limit = int(lim)
+	}
+	return a, nil
+}
+
+// releaseCall is the script, keys and arguments that release the lock or
+// permit with this id.
+func releaseCall(k keys, id string, limit int) (*redis.Script, []string, []any) {
+	if limit == 1 {
+		return mutexRelease, []string{k.lock}, []any{id + ":", k.channel}
+	}
+	return semRelease, k.list(), []any{id, k.channel}
+}
+
+// extendCall is the script, keys and arguments that extend it by ttl.
+func extendCall(k keys, id string, limit int, ttl time.Duration) (*redis.Script, []string, []any) {
+	if limit == 1 {
+		return mutexExtend, []string{k.lock}, []any{id + ":", ttl.Milliseconds()}
+	}
+	return semExtend, k.list(), []any{id, ttl.Milliseconds()}
+}
+
+// isReply reports whether err is an error reply from Redis, after which the
+// script is known not to have taken effect.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+func toInt(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("unexpected %T", v)
+}
+
+func toUint(v any) (uint64, error) {
+	switch x := v.(type) {
+	case int64:
+		if x < 0 {
+			return 0, fmt.Errorf("negative")
+		}
+		return uint64(x), nil
+	case string:
+		return strconv.ParseUint(x, 10, 64)
+	}
+	return 0, fmt.Errorf("unexpected %T", v)
+}
+
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// meta is what is stored with a holder for Inspect.
+type meta struct {
+	Owner    string            `json:"owner,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+func (f *Factory) encodeMeta(o *lock.Options) (string, error) {
+	if f.meta != "" && o.Owner == f.opts.Owner && maps.Equal(o.Metadata, f.opts.Metadata) {
+		return f.meta, nil
+	}
+	m := meta{Owner: o.Owner, Metadata: o.Metadata}
+	if m.Owner == "" {
+		m.Owner = f.owner
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return "", fmt.Errorf("redislock: %w: metadata: %v", lock.ErrInvalidOption, err)
+	}
+	return string(b), nil
+}
+
+func (f *Factory) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
+// Inspect reports the current holders of name under the factory's key
+// prefix: for each, its token, owner, metadata, when it was acquired (server
+// clock) and when its lease ends.
+func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
+	o, err := f.resolve(name, nil)
+	if err != nil {
+		return lock.Info{}, err
+	}
+	k := keysFor(o.KeyPrefix, name)
+	res, err := inspectScript.Run(ctx, f.c, k.list()).Slice()
+	now := time.Now()
+	info := lock.Info{Name: name}
+	if err != nil {
+		return info, fmt.Errorf("redislock: inspect: %w", err)
+	}
+	if len(res) == 0 {
+		return info, nil
+	}
+	lim, _ := toInt(res[0])
+	info.Limit = int(lim)
+	if info.Limit == 1 && len(res) == 3 {
+		v, _ := res[1].(string)
+		ms, _ := toInt(res[2])
+		parts := strings.SplitN(v, ":", 4)
+		if len(parts) == 4 {
+			info.Holders = append(info.Holders, holderInfo(parts[1], parts[2], parts[3], ms, now))
+		}
+		return info, nil
+	}
+	for i := 1; i+2 < len(res); i += 3 {
+		v, _ := res[i+1].(string)
+		ms, _ := toInt(res[i+2])
+		parts := strings.SplitN(v, ":", 3)
+		if len(parts) == 3 {
+			info.Holders = append(info.Holders, holderInfo(parts[0], parts[1], parts[2], ms, now))
+		}
+	}
+	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
+	return info, nil
+}
+
+func holderInfo(tok, since, m string, msLeft int64, now time.Time) lock.HolderInfo {
+	hi := lock.HolderInfo{}
+	hi.Token, _ = strconv.ParseUint(tok, 10, 64)
+	if ms, err := strconv.ParseInt(since, 10, 64); err == nil {
+		hi.Since = time.UnixMilli(ms)
+	}
+	if msLeft >= 0 {
+		hi.Expires = now.Add(time.Duration(msLeft) * time.Millisecond)
+	}
+	var md meta
+	if json.Unmarshal([]byte(m), &md) == nil {
+		hi.Owner, hi.Metadata = md.Owner, md.Metadata
+	}
+	return hi
+}
+
+// Close releases every lock the factory holds (they report ErrLockLost
+// and lock.ErrClosed), fails waiting and later Acquire calls with
+// lock.ErrClosed, and stops the factory's goroutines and pub/sub
+// connection. It does not close the Redis client.
+func (f *Factory) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	close(f.closing)
+	f.mu.Unlock()
+
+	held := f.rn.drain()
+	if len(held) > 0 {
+		ctx, cancel := backend.ReleaseContext(context.Background())
+		f.releaseMany(ctx, held)
+		cancel()
+	}
+	closedErr := fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed)
+	for _, h := range held {
+		h.lose(closedErr)
+	}
+	f.hub.close()
+	f.wg.Wait()
+	return nil
+}
+
+// releaseMany runs the release script for every holder in one pipeline.
+func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
+	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
+		return releaseCall(hs[i].k, hs[i].id, hs[i].ls.limit)
+	})
+}
+
+// pipeScripts runs n scripts, call(i), in one pipeline, falling back to
+// EVAL for a server that lost its script cache.
+func pipeScripts(ctx context.Context, c Client, n int, call func(i int) (*redis.Script, []string, []any)) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	pipe := c.Pipeline()
+	for i := range n {
+		s, k, a := call(i)
+		cmds[i] = pipe.EvalSha(ctx, s.Hash(), k, a...)
+	}
+	pipe.Exec(ctx)
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		pipe := c.Pipeline()
+		for _, i := range again {
+			s, k, a := call(i)
+			cmds[i] = s.Eval(ctx, pipe, k, a...)
+		}
+		pipe.Exec(ctx)
+	}
+	return cmds
+}

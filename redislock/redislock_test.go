@@ -1,0 +1,416 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/locktest"
+)
+
+func TestConformance(t *testing.T) {
+	rdb := newClient(t)
+	// Two factories on two clients, used in turn: lockers contend like two
+	// processes would.
+	fs := [2]*Factory{
+		NewFactory(rdb, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
+		NewFactory(newClient(t), WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
+	}
+	t.Cleanup(func() { fs[0].Close(); fs[1].Close() })
+	var n atomic.Uint32
+	locktest.Run(t, locktest.Backend{
+		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return fs[n.Add(1)%2].AsLocker(opts...)
+		},
+		ErrLocked:   ErrLocked,
+		ErrLockLost: ErrLockLost,
+		Wait:        true,
+		Semaphore:   true,
+		Extend:      true,
+		TTL:         time.Second,
+		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
+		Lose: func(t testing.TB, h lock.Holder) {
+			if err := rdb.Del(context.Background(), h.(*Holder).k.lock).Err(); err != nil {
+				t.Errorf("deleting the lock key: %v", err)
+			}
+		},
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		what string
+		f    *Factory
+		opts []Option
+	}{
+		{"nil client", NewFactory(nil), nil},
+		{"typed nil client", NewFactory((*redis.Client)(nil)), nil},
+		{"factory TTL below minimum", NewFactory(newClient(t), WithTTL(time.Millisecond)), nil},
+		{"call TTL below minimum", NewFactory(newClient(t)), []Option{WithTTL(9 * time.Millisecond)}},
+		{"negative TTL", NewFactory(newClient(t)), []Option{WithTTL(-time.Second)}},
+		{"zero TTL", NewFactory(newClient(t), WithTTL(0)), nil},
+		{"zero limit", NewFactory(newClient(t)), []Option{WithMaxConcurrent(0)}},
+	} {
+		h, err := tc.f.Acquire(ctx, uniq(t, "x"), tc.opts...)
+		if err == nil {
+			h.Release()
+			t.Errorf("%s: Acquire succeeded", tc.what)
+			continue
+		}
+		if !errors.Is(err, lock.ErrInvalidOption) {
+			t.Errorf("%s: %v; want ErrInvalidOption", tc.what, err)
+		}
+	}
+}
+
+// No key is ever written without an expiry, and every key of a name shares
+// one hash tag.
+func TestKeysExpireAndShareHashTag(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil), WithTTL(time.Minute))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "a{b}:c/d")
+	m, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem := name + "-sem"
+	s1, err := f.Acquire(ctx, sem, WithMaxConcurrent(2), WithMetadata("job", "7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := rdb.Keys(ctx, testPrefix+"{"+backend.Escape(name)+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 5 { // lock, token; and slots, permits, token of the semaphore
+		t.Fatalf("keys %v; want 5", keys)
+	}
+	for _, k := range keys {
+		ttl, err := rdb.PTTL(ctx, k).Result()
+		if err != nil || ttl <= 0 {
+			t.Errorf("key %q: PTTL %v, %v; every key must expire", k, ttl, err)
+		}
+		if strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 {
+			t.Errorf("key %q: the escaped name must not add braces", k)
+		}
+	}
+	slot := func(k string) string { return k[strings.IndexByte(k, '{') : strings.IndexByte(k, '}')+1] }
+	if slot(m.k.lock) != slot(m.k.token) || slot(m.k.lock) != slot(m.k.slots) || slot(m.k.lock) != slot(m.k.channel) {
+		t.Errorf("keys of one name do not share a hash tag: %+v", m.k)
+	}
+	m.Release()
+	s1.Release()
+}
+
+func TestModeMismatch(t *testing.T) {
+	f := NewFactory(newClient(t), WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	m, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, name, WithMaxConcurrent(2)); !errors.Is(err, lock.ErrLimitMismatch) {
+		t.Fatalf("semaphore on a held mutex: %v; want ErrLimitMismatch", err)
+	}
+	m.Release()
+	s, err := f.Acquire(ctx, name, WithMaxConcurrent(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, name); !errors.Is(err, lock.ErrLimitMismatch) {
+		t.Fatalf("mutex on a held semaphore: %v; want ErrLimitMismatch", err)
+	}
+	s.Release()
+}
+
+func TestInspectShowsOwnerAndMetadata(t *testing.T) {
+	f := NewFactory(newClient(t), WithKeyPrefix(testPrefix), WithLogger(nil), WithTTL(time.Minute))
+	defer f.Close()
+	ctx := ctxT(t)
+	for _, limit := range []int{1, 3} {
+		name := uniq(t, "x")
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(limit), WithOwner("job-42"), WithMetadata("trace", "abc:def"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		info, err := f.Inspect(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Limit != limit || len(info.Holders) != 1 {
+			t.Fatalf("limit %d: Inspect = %+v", limit, info)
+		}
+		hi := info.Holders[0]
+		if hi.Token != h.Token() || hi.Owner != "job-42" || hi.Metadata["trace"] != "abc:def" {
+			t.Errorf("limit %d: holder info %+v", limit, hi)
+		}
+		if hi.Expires.Before(before) || hi.Expires.After(before.Add(time.Minute+time.Second)) || hi.Since.IsZero() {
+			t.Errorf("limit %d: Since %v Expires %v", limit, hi.Since, hi.Expires)
+		}
+		h.Release()
+	}
+	h, err := f.Acquire(ctx, uniq(t, "default-owner"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	info, _ := f.Inspect(ctx, h.Name())
+	if len(info.Holders) != 1 || !strings.Contains(info.Holders[0].Owner, "@") {
+		t.Errorf("default owner: %+v; want pid@host", info)
+	}
+}
+
+// A lost token counter never makes tokens go back.
+func TestTokensSurviveLostCounter(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	var last uint64
+	for i := 0; i < 5; i++ {
+		h, err := f.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Token() <= last {
+			t.Fatalf("token %d after %d", h.Token(), last)
+		}
+		last = h.Token()
+		h.Release()
+		if i%2 == 0 {
+			rdb.Del(ctx, h.k.token)
+		} else {
+			rdb.Set(ctx, h.k.token, "garbage", time.Minute)
+		}
+	}
+}
+
+// A bare Acquire does not renew: the holder sees the loss on its own, and
+// the name is free again.
+func TestBareAcquireLeaseEnds(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(time.Second), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	h, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after the lease ran out")
+	}
+	if !errors.Is(h.Err(), ErrLockLost) {
+		t.Fatalf("Err = %v", h.Err())
+	}
+	waitFor(t, 5*time.Second, "key of the ended lease removed", func() bool {
+		n, _ := rdb.Exists(ctx, h.k.lock).Result()
+		return n == 0
+	})
+	// Extend in time keeps it.
+	h, err = f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 6; i++ {
+		time.Sleep(250 * time.Millisecond)
+		if err := h.Extend(ctx); err != nil {
+			t.Fatalf("Extend %d: %v", i, err)
+		}
+	}
+	if h.Err() != nil {
+		t.Fatalf("an extended lease was lost: %v", h.Err())
+	}
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWithLockRenewsAndSeesLoss(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(500*time.Millisecond), WithLogger(nil))
+	defer f.Close()
+	name := uniq(t, "x")
+	err := f.WithLock(ctxT(t), name, func(ctx context.Context) error {
+		time.Sleep(1500 * time.Millisecond) // several TTLs
+		if ctx.Err() != nil {
+			t.Errorf("lost while renewing: %v", context.Cause(ctx))
+		}
+		// An operator removes the lock: the holder notices at its next
+		// renewal and cancels ctx.
+		rdb.Del(ctx, testPrefix+"{"+backend.Escape(name)+"}:lock")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+			t.Error("ctx not cancelled after the lock was removed")
+			return nil
+		}
+	})
+	if !errors.Is(err, ErrLockLost) {
+		t.Fatalf("WithLock = %v; want ErrLockLost", err)
+	}
+}
+
+func TestObserver(t *testing.T) {
+	var mu sync.Mutex
+	var got []lock.Event
+	obs := lock.ObserverFunc(func(_ context.Context, e lock.Event) {
+		mu.Lock()
+		got = append(got, e)
+		mu.Unlock()
+	})
+	f := NewFactory(newClient(t), WithKeyPrefix(testPrefix), WithObserver(obs), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	h, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Acquire(ctx, name)
+	h.Extend(ctx)
+	h.Release()
+	want := []struct {
+		op  lock.Op
+		out lock.Outcome
+	}{{lock.OpAcquire, lock.OutcomeOK}, {lock.OpAcquire, lock.OutcomeLocked}, {lock.OpExtend, lock.OutcomeOK}, {lock.OpRelease, lock.OutcomeOK}}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != len(want) {
+		t.Fatalf("events %+v", got)
+	}
+	for i, w := range want {
+		if got[i].Op != w.op || got[i].Outcome != w.out || got[i].Backend != "redislock" || got[i].Name != name {
+			t.Errorf("event %d = %+v, want %v/%v", i, got[i], w.op, w.out)
+		}
+	}
+	if got[0].Token != h.Token() || got[3].Held <= 0 {
+		t.Errorf("acquire token %d, release held %v", got[0].Token, got[3].Held)
+	}
+}
+
+func TestCloseReleasesEverything(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	h, err := f.Acquire(ctx, name, WithAutoRenew(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer other.Close()
+	held, err := other.Acquire(ctx, name+"/held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.Acquire(ctx, name+"/held", WithWait())
+		errc <- err
+	}()
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, held.k.channel) == 1 })
+	f.Close()
+	if err := <-errc; !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("waiter after Close: %v", err)
+	}
+	if !errors.Is(h.Err(), lock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+		t.Fatalf("holder after Close: %v", h.Err())
+	}
+	if n, _ := rdb.Exists(ctx, h.k.lock).Result(); n != 0 {
+		t.Fatal("Close left the lock in Redis")
+	}
+	if _, err := f.Acquire(ctx, name); !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+	if n := numsub(t, rdb, held.k.channel); n != 0 {
+		t.Fatalf("%d subscribers left after Close", n)
+	}
+}
+
+// Waiters of one process are served in arrival order.
+func TestWaitFIFOInProcess(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "q")
+	h, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < 5; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := f.Acquire(ctx, name, WithWait())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			w.Release()
+		}()
+		waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
+	}
+	h.Release()
+	wg.Wait()
+	for i, v := range order {
+		if v != i {
+			t.Fatalf("hand-off order %v, want FIFO", order)
+		}
+	}
+}
+
+func (f *Factory) waiting(ch string) int { return f.hub.waiting(ch) }
+
+// A permit that expires (its holder died) is found by a waiter through the
+// polling fallback, without a release notification.
+func TestWaitFindsExpiredPermit(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "sem")
+	h, err := f.Acquire(ctx, name, WithMaxConcurrent(2), WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	dead, err := f.Acquire(ctx, name, WithMaxConcurrent(2), WithTTL(400*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stall(dead) // as if its process died: no renewal, no release
+	w, err := f.Acquire(ctx, name, WithMaxConcurrent(2), WithWait())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Token() <= dead.Token() {
+		t.Fatalf("token %d not above the expired permit's %d", w.Token(), dead.Token())
+	}
+	w.Release()
+}

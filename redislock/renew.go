@@ -1,0 +1,305 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// renewer is the factory's one loop over its held locks. It renews the
+// auto-renewed ones in batches (one pipeline per pass, whatever the number
+// of locks) and declares any holder lost whose deadline passed without a
+// confirmed acquire or renewal, renewed or not. It runs only while the
+// factory holds something, and for lingerTime after.
+type renewer struct {
+	f       *Factory
+	mu      sync.Mutex
+	holders map[*Holder]struct{}
+	running bool
+	closed  bool
+	kick    chan struct{}
+	wakeAt  time.Time // when the loop wakes up next by itself
+}
+
+// add starts tracking h. It reports false once the factory is closed.
+func (r *renewer) add(h *Holder) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	if r.holders == nil {
+		r.holders = map[*Holder]struct{}{}
+		r.kick = make(chan struct{}, 1)
+	}
+	r.holders[h] = struct{}{}
+	h.tracked = true
+	switch {
+	case !r.running:
+		r.running = true
+		r.f.wg.Add(1)
+		go r.loop()
+	case h.deadline.Before(r.wakeAt) || h.auto && h.renewBy.Before(r.wakeAt):
+		r.poke()
+	}
+	return true
+}
+
+func (r *renewer) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// remove stops tracking h: it was released or found lost.
+func (r *renewer) remove(h *Holder) {
+	r.mu.Lock()
+	if h.tracked {
+		delete(r.holders, h)
+		h.tracked = false
+	}
+	r.mu.Unlock()
+}
+
+// stopRenewing keeps h's deadline but renews it no more: it is being
+// released.
+func (r *renewer) stopRenewing(h *Holder) {
+	r.mu.Lock()
+	h.auto = false
+	r.mu.Unlock()
+}
+
+// confirm records an extend of h sent at sent that the server accepted. It
+// reports false if h is no longer held by its own account.
+func (r *renewer) confirm(h *Holder, sent time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !h.tracked {
+		return false
+	}
+	h.confirmLocked(sent)
+	return true
+}
+
+// drain stops the loop for good and returns the holders it tracked.
+func (r *renewer) drain() []*Holder {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	var hs []*Holder
+	for h := range r.holders {
+		h.tracked = false
+		hs = append(hs, h)
+	}
+	clear(r.holders)
+	if r.running {
+		r.poke()
+	}
+	return hs
+}
+
+func (r *renewer) loop() {
+	defer r.f.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	var idle time.Time // since when nothing is held
+	for {
+		r.mu.Lock()
+		now := time.Now()
+		next := now.Add(time.Hour)
+		if len(r.holders) > 0 {
+			idle = time.Time{}
+		} else if idle.IsZero() {
+			idle = now
+		}
+		// Linger a little when nothing is held, so that a factory that
+		// takes and releases locks all the time keeps one loop.
+		if r.closed || !idle.IsZero() && now.Sub(idle) >= lingerTime {
+			r.running = false
+			r.mu.Unlock()
+			return
+		}
+		if !idle.IsZero() {
+			next = idle.Add(lingerTime)
+		}
+		var due, expired []*Holder
+		for h := range r.holders {
+			if !now.Before(h.deadline) {
+				delete(r.holders, h)
+				h.tracked = false
+				expired = append(expired, h)
+				continue
+			}
+			next = earlier(next, h.deadline)
+			if !h.auto || h.inflight {
+				continue
+			}
+			if !now.Before(h.renewAt) {
+				h.inflight = true
+				due = append(due, h)
+			} else {
+				next = earlier(next, h.renewBy)
+			}
+		}
+		r.wakeAt = next
+		r.mu.Unlock()
+		for _, h := range expired {
+			r.f.wg.Add(1)
+			go h.expire()
+		}
+		if len(due) > 0 {
+			r.f.wg.Add(1)
+			go r.renew(due)
+		}
+		t.Reset(next.Sub(now))
+		select {
+		case <-t.C:
+		case <-r.kick:
+		}
+	}
+}
+
+type result struct {
+	v   int64
+	err error
+}
+
+// extendAll runs the extend script for every holder in one pipeline, in
+// batches of mutexes if batch is set.
+func (r *renewer) extendAll(ctx context.Context, hs []*Holder, batch bool) map[*Holder]result {
+	// A job is one script call: a batch of mutexes, or one holder.
+	var jobs [][]*Holder
+	var many []bool
+	var cur []*Holder
+	for _, h := range hs {
+		if batch && h.ls.limit == 1 {
+			cur = append(cur, h)
+			if len(cur) == renewBatch {
+				jobs, many, cur = append(jobs, cur), append(many, true), nil
+			}
+			continue
+		}
+		jobs, many = append(jobs, []*Holder{h}), append(many, false)
+	}
+	if len(cur) > 0 {
+		jobs, many = append(jobs, cur), append(many, true)
+	}
+	cmds := pipeScripts(ctx, r.f.c, len(jobs), func(i int) (*redis.Script, []string, []any) {
+		job := jobs[i]
+		if !many[i] {
+			h := job[0]
+			return extendCall(h.k, h.id, h.ls.limit, h.ls.ttl)
+		}
+		keys := make([]string, len(job))
+		args := make([]any, 0, 2*len(job))
+		for j, h := range job {
+			keys[j] = h.k.lock
+			args = append(args, h.id+":", h.ls.ttl.Milliseconds())
+		}
+		return mutexExtendN, keys, args
+	})
+	results := make(map[*Holder]result, len(hs))
+	var again []*Holder
+	for i, job := range jobs {
+		if !many[i] {
+			v, err := cmds[i].Int64()
+			results[job[0]] = result{v, err}
+			continue
+		}
+		vs, err := cmds[i].Int64Slice()
+		if redis.HasErrorPrefix(err, "CROSSSLOT") {
+			// A plain client on a cluster node: renew one by one from now on.
+			r.f.together.Store(false)
+			again = append(again, job...)
+			continue
+		}
+		if err == nil && len(vs) != len(job) {
+			err = fmt.Errorf("redislock: renew: %d replies for %d locks", len(vs), len(job))
+		}
+		for j, h := range job {
+			if err != nil {
+				results[h] = result{0, err}
+			} else {
+				results[h] = result{vs[j], nil}
+			}
+		}
+	}
+	if len(again) > 0 {
+		maps.Copy(results, r.extendAll(ctx, again, false))
+	}
+	return results
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// renewBatch is how many mutexes one script renews where all keys live
+// on one server: large enough to make the cost of a script call small
+// beside the work, small enough not to hold the server up for long.
+const renewBatch = 200
+
+// renew extends every holder in hs in one pipeline.
+func (r *renewer) renew(hs []*Holder) {
+	defer r.f.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), backend.ReleaseTimeout)
+	defer cancel()
+	sent := time.Now()
+	results := r.extendAll(ctx, hs, r.f.together.Load())
+	type failure struct {
+		h   *Holder
+		err error
+	}
+	var lost, stray []*Holder
+	var failed []failure
+	r.mu.Lock()
+	now := time.Now()
+	for _, h := range hs {
+		h.inflight = false
+		v, err := results[h].v, results[h].err
+		switch {
+		case err != nil:
+			if h.tracked {
+				// Try again soon; the deadline decides when to give up.
+				retry := min(max(h.ls.ttl/10, time.Millisecond), time.Second)
+				h.renewAt, h.renewBy = now.Add(retry), now.Add(retry)
+				if !h.failing { // report the first failure, not every retry
+					h.failing = true
+					failed = append(failed, failure{h, err})
+				}
+			}
+		case v == 1 && h.tracked:
+			h.failing = false
+			h.confirmLocked(sent)
+		case v == 1:
+			// Extended on the server after the holder gave the lock up.
+			stray = append(stray, h)
+		case h.tracked:
+			delete(r.holders, h)
+			h.tracked = false
+			lost = append(lost, h)
+		}
+	}
+	r.poke()
+	r.mu.Unlock()
+	for _, x := range failed {
+		h := x.h
+		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: now.Sub(sent), Err: fmt.Errorf("redislock: renew %q: %w", h.name, x.err)})
+	}
+	for _, h := range lost {
+		h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))
+	}
+	if len(stray) > 0 {
+		r.f.releaseMany(ctx, stray)
+	}
+}
