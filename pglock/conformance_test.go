@@ -1,0 +1,38 @@
+package pglock_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/locktest"
+	"github.com/ubgo/lock/pglock"
+)
+
+func TestConformance(t *testing.T) {
+	pool := newPool(t)
+	// Lockers from three factories: two New calls contend through
+	// Postgres when they land on different factories and through the
+	// in-process table when they land on the same one.
+	var fs []*pglock.Factory
+	for i := 0; i < 3; i++ {
+		f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithHealthInterval(200*time.Millisecond), pglock.WithPollInterval(200*time.Millisecond))
+		t.Cleanup(func() { f.Close() })
+		fs = append(fs, f)
+	}
+	var n atomic.Int32
+	locktest.Run(t, locktest.Backend{
+		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return fs[int(n.Add(1))%len(fs)].AsLocker(opts...)
+		},
+		ErrLocked:   pglock.ErrLocked,
+		ErrLockLost: pglock.ErrLockLost,
+		Wait:        true,
+		Semaphore:   true,
+		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
+		Lose: func(t testing.TB, h lock.Holder) {
+			terminate(t, pool, h.(*pglock.Holder).BackendPID())
+		},
+	})
+}

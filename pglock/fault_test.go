@@ -1,0 +1,369 @@
+package pglock_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
+	"github.com/ubgo/lock/pglock"
+)
+
+// eventually polls cond until it holds, failing after d.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func acquired(t testing.TB, f *pglock.Factory, name string) bool {
+	h, err := f.Acquire(ctxT(t), name)
+	if err != nil {
+		if !errors.Is(err, pglock.ErrLocked) {
+			t.Logf("Acquire(%q): %v", name, err)
+		}
+		return false
+	}
+	h.Release()
+	return true
+}
+
+// pg_terminate_backend on the lock session: every holder on it sees the
+// loss, WithLock's context is cancelled, another client acquires, and the
+// factory opens a new session for later calls.
+func TestTerminatedSessionLosesEveryHolder(t *testing.T) {
+	pool := newPool(t)
+	f := newFactory(t, pool, pglock.WithSessions(1), pglock.WithHealthInterval(100*time.Millisecond))
+	other := newFactory(t, pool)
+	base := uniq(t)
+	var hs []*pglock.Holder
+	for i := 0; i < 5; i++ {
+		h, err := f.Acquire(ctxT(t), fmt.Sprint(base, "/", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	fnErr := make(chan error, 1)
+	started := make(chan uint32, 1)
+	go func() {
+		fnErr <- f.WithLock(ctxT(t), base+"/withlock", func(ctx context.Context) error {
+			started <- 0
+			<-ctx.Done()
+			if !errors.Is(context.Cause(ctx), lock.ErrLockLost) {
+				return fmt.Errorf("cause %v, want ErrLockLost", context.Cause(ctx))
+			}
+			return ctx.Err()
+		})
+	}()
+	<-started
+	terminate(t, pool, hs[0].BackendPID())
+	for _, h := range hs {
+		select {
+		case <-h.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("holder not told of the loss within 10s")
+		}
+		if !errors.Is(h.Err(), pglock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrLockLost) {
+			t.Fatalf("Err = %v", h.Err())
+		}
+		if err := h.Release(); !errors.Is(err, lock.ErrLockLost) {
+			t.Fatalf("Release after loss = %v", err)
+		}
+	}
+	if err := <-fnErr; !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("WithLock = %v; want ErrLockLost and context.Canceled", err)
+	}
+	for i := range hs {
+		if !acquired(t, other, fmt.Sprint(base, "/", i)) {
+			t.Fatalf("lock %d not free after its session ended", i)
+		}
+	}
+	h, err := f.Acquire(ctxT(t), base+"/after")
+	if err != nil {
+		t.Fatalf("the factory did not recover: %v", err)
+	}
+	h.Release()
+}
+
+// A holder process killed with SIGKILL: its session ends with it and
+// Postgres frees the lock.
+func TestSIGKILLFreesLock(t *testing.T) {
+	if testenv.Child() == "pglock-holder" {
+		holdForever(t)
+		return
+	}
+	pool := newPool(t)
+	name := uniq(t)
+	cmd := testenv.Command(t, "pglock-holder", "TestSIGKILLFreesLock", "PGLOCK_TEST_NAME="+name)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var token uint64
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == "HELD" {
+			token, _ = strconv.ParseUint(f[1], 10, 64)
+			break
+		}
+	}
+	if token == 0 {
+		t.Fatalf("child did not report holding the lock: %v", sc.Err())
+	}
+	go io.Copy(io.Discard, out)
+	f := newFactory(t, pool)
+	if _, err := f.Acquire(ctxT(t), name); !errors.Is(err, pglock.ErrLocked) {
+		t.Fatalf("Acquire while the child holds it: %v", err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	var h *pglock.Holder
+	eventually(t, 20*time.Second, "lock freed after SIGKILL", func() bool {
+		var err error
+		h, err = f.Acquire(ctxT(t), name)
+		return err == nil
+	})
+	if h.Token() <= token {
+		t.Fatalf("token %d after the killed holder's %d", h.Token(), token)
+	}
+	h.Release()
+}
+
+func holdForever(t *testing.T) {
+	pool := newPool(t)
+	f := pglock.NewFactory(pool)
+	h, err := f.Acquire(context.Background(), os.Getenv("PGLOCK_TEST_NAME"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("HELD %d\n", h.Token())
+	select {}
+}
+
+// Release does not depend on the caller's context: with it cancelled, the
+// lock is still gone from pg_locks afterwards.
+func TestReleaseAfterCancelLeavesNothing(t *testing.T) {
+	pool := newPool(t)
+	f := newFactory(t, pool)
+	name := uniq(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	h, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if pids := heldBy(t, pool, name); len(pids) != 0 {
+		t.Fatalf("pg_locks shows the lock held by %v after Release", pids)
+	}
+	// The same inside WithLock whose context is cancelled while fn runs.
+	ctx, cancel = context.WithCancel(context.Background())
+	err = f.WithLock(ctx, name, func(ctx context.Context) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("WithLock = %v", err)
+	}
+	if pids := heldBy(t, pool, name); len(pids) != 0 {
+		t.Fatalf("pg_locks shows the lock held by %v after WithLock", pids)
+	}
+}
+
+// An exhausted pool is a clear error in bounded time; once the factory's
+// sessions are open, locking no longer needs the pool at all.
+func TestPoolExhaustion(t *testing.T) {
+	pool := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	busy, err := pool.Acquire(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFactory(t, pool, pglock.WithSessions(1), pglock.WithConnectTimeout(300*time.Millisecond), pglock.WithPollInterval(100*time.Millisecond))
+	name := uniq(t)
+	start := time.Now()
+	_, err = f.Acquire(context.Background(), name)
+	if !errors.Is(err, pglock.ErrPoolExhausted) || time.Since(start) > 30*time.Second {
+		t.Fatalf("Acquire on an exhausted pool = %v after %v; want ErrPoolExhausted", err, time.Since(start))
+	}
+	t.Logf("exhausted pool: %v", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = newFactory(t, pool, pglock.WithConnectTimeout(time.Hour)).Acquire(ctx, name)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire with a short ctx on an exhausted pool = %v; want DeadlineExceeded", err)
+	}
+	busy.Release()
+
+	h, err := f.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err = pool.Acquire(ctxT(t)) // the pool is exhausted again
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	if _, err := f.Acquire(ctxT(t), name); !errors.Is(err, pglock.ErrLocked) {
+		t.Fatalf("contention on an exhausted pool = %v; want ErrLocked at once", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w, err := f.Acquire(ctxT(t), name, pglock.WithWait())
+		if err == nil {
+			err = w.Release()
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	h.Release()
+	if err := <-got; err != nil {
+		t.Fatalf("waiter on an exhausted pool: %v", err)
+	}
+	h2, err := f.Acquire(ctxT(t), name+"/other")
+	if err != nil {
+		t.Fatalf("Acquire on an exhausted pool with the session open: %v", err)
+	}
+	h2.Release()
+}
+
+// proxy forwards TCP to Postgres and can cut the network: bytes are then
+// dropped in both directions while the sockets stay open, as with a
+// partition.
+type proxy struct {
+	ln    net.Listener
+	cut   atomic.Bool
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startProxy(t testing.TB, upstream string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go p.pipe(c, u)
+			go p.pipe(u, c)
+		}
+	}()
+	t.Cleanup(p.close)
+	return p
+}
+
+// pipe copies until either side closes, then closes both: a client that
+// closes its connection ends the server's session too.
+func (p *proxy) pipe(from, to net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 && !p.cut.Load() {
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	from.Close()
+	to.Close()
+}
+
+func (p *proxy) port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
+
+func (p *proxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// With the network cut, the health check runs out, the holder is told,
+// and the session is closed, which (once the close reaches the server)
+// frees the lock. A Release during the cut gives up the same way.
+func TestNetworkCut(t *testing.T) {
+	direct := newPool(t)
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", p.port() })
+	f := newFactory(t, pool, pglock.WithSessions(1), pglock.WithHealthInterval(100*time.Millisecond), pglock.WithStatementTimeout(500*time.Millisecond))
+	other := newFactory(t, direct)
+	name := uniq(t)
+	held, err := f.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := f.Acquire(ctxT(t), name+"/released")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cut.Store(true)
+	cutAt := time.Now()
+	relErr := make(chan error, 1)
+	go func() { relErr <- released.Release() }()
+	select {
+	case <-held.Done():
+	case <-time.After(15 * time.Second):
+		t.Fatal("loss not noticed within 15s of the cut")
+	}
+	t.Logf("loss noticed %v after the cut", time.Since(cutAt))
+	if !errors.Is(held.Err(), pglock.ErrLockLost) {
+		t.Fatalf("Err = %v", held.Err())
+	}
+	if err := <-relErr; err == nil {
+		t.Fatal("Release during the cut reported success")
+	} else {
+		t.Logf("Release during the cut: %v", err)
+	}
+	for _, n := range []string{name, name + "/released"} {
+		eventually(t, 15*time.Second, "lock freed after the session was closed", func() bool { return acquired(t, other, n) })
+	}
+	t.Logf("locks free %v after the cut", time.Since(cutAt))
+}

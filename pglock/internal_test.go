@@ -1,0 +1,124 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ubgo/lock/internal/testenv"
+)
+
+func testPool(t *testing.T) *pgxpool.Pool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN())
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		testenv.Unavailable(t, "postgres", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// The Go key and the SQL function operators use agree.
+func TestKeyMatchesSQL(t *testing.T) {
+	pool := testPool(t)
+	f := NewFactory(pool, WithLogger(nil))
+	defer f.Close()
+	h, err := f.Acquire(context.Background(), "setup") // creates pglock_key
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	for _, c := range []struct {
+		kind, prefix, name string
+		slot               int
+	}{
+		{kindMutex, "", "a", -1}, {kindMutex, "p", "a", -1}, {kindSlot, "", "x", 0}, {kindSlot, "", "x", 12},
+		{kindWaiters, "tenant:7", "ünï/cødé ☃", -1}, {kindSemMark, "", "x.0", -1}, {kindLimit, "", "a/b", -1},
+	} {
+		var got int64
+		var slot *int32
+		if c.slot >= 0 {
+			s := int32(c.slot)
+			slot = &s
+		}
+		if err := pool.QueryRow(context.Background(), "SELECT public.pglock_key($1, $2, $3, $4)", c.kind, c.prefix, c.name, slot).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if want := advisoryKey(c.kind, c.prefix, c.name, c.slot); got != want {
+			t.Errorf("pglock_key%v = %d, Go %d", c, got, want)
+		}
+	}
+}
+
+// A lock session that answers from another backend (as behind a
+// transaction-mode pooler) is treated as lost.
+func TestBackendChangeIsLoss(t *testing.T) {
+	pool := testPool(t)
+	f := NewFactory(pool, WithSessions(1), WithLogger(nil), WithHealthInterval(time.Hour))
+	defer f.Close()
+	ctx := context.Background()
+	h, err := f.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := f.sessions[0]
+	s.sem <- struct{}{}
+	s.pid++ // what the session would see if a pooler switched backends
+	<-s.sem
+	if _, err := f.Acquire(ctx, t.Name()+"/2"); !errors.Is(err, ErrSessionChanged) {
+		t.Fatalf("Acquire on a switched session = %v; want ErrSessionChanged", err)
+	}
+	<-h.Done()
+	if !errors.Is(h.Err(), ErrLockLost) || !errors.Is(h.Err(), ErrSessionChanged) {
+		t.Fatalf("holder Err = %v", h.Err())
+	}
+	// The next call uses a fresh session.
+	h2, err := f.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.Release()
+}
+
+// A factory nobody closes gives its lock sessions up once they are unused.
+func TestIdleSessionsClose(t *testing.T) {
+	pool := testPool(t)
+	f := NewFactory(pool, WithLogger(nil), WithHealthInterval(50*time.Millisecond))
+	defer f.Close()
+	f.cfg.idleClose = 200 * time.Millisecond
+	ctx := context.Background()
+	h, err := f.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if h.Err() != nil || f.open.Load() != 1 {
+		t.Fatalf("a session with a holder was closed: %v, %d open", h.Err(), f.open.Load())
+	}
+	h.Release()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.open.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("idle session not closed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.mu.Lock()
+	stopped := f.health == nil
+	f.mu.Unlock()
+	if !stopped {
+		t.Fatal("health checks still scheduled with no session open")
+	}
+	// And it opens again on demand.
+	h, err = f.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+}

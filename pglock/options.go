@@ -1,0 +1,176 @@
+package pglock
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// Option configures the factory (defaults) or one call (overrides). The
+// shared options mean the same in every backend of the family; the options
+// marked "factory option" below are read once by NewFactory and ignored
+// when passed to a single call.
+type Option = lock.Option
+
+// WithMaxConcurrent makes the name a semaphore of n permits (at most
+// MaxPermits), each an advisory lock of its own with its own token. The
+// limit is stored in the pglock_limits table; a caller that passes a different limit while the
+// name has holders gets an error matching lock.ErrLimitMismatch.
+func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
+
+// WithWait makes Acquire wait until a permit is free or ctx ends. Waiters
+// are woken by a NOTIFY sent by the release, with a fallback poll (see
+// WithPollInterval) for locks freed by a session that ended.
+func WithWait() Option { return lock.WithWait() }
+
+// WithKeyPrefix is the namespace of the advisory keys: the same name under
+// two prefixes is two different locks. Default "". It must not contain NUL.
+func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
+
+// WithOwner records who holds the lock (a job or trace id), shown by
+// Inspect and in the pglock_holders table.
+func WithOwner(owner string) Option { return lock.WithOwner(owner) }
+
+// WithMetadata adds a key/value pair shown by Inspect and stored with the
+// holder in the pglock_holders table.
+func WithMetadata(key, value string) Option { return lock.WithMetadata(key, value) }
+
+// WithLogger sets the logger; nil turns logging off. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
+
+// WithObserver sets the metrics and tracing hook.
+func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }
+
+type (
+	schemaKey         struct{}
+	sessionsKey       struct{}
+	healthKey         struct{}
+	stmtTimeoutKey    struct{}
+	pollKey           struct{}
+	connectTimeoutKey struct{}
+	appNameKey        struct{}
+)
+
+// WithSchema names the schema that holds pglock's table, sequence and
+// functions (created on first use). Default "public". Factory option.
+func WithSchema(schema string) Option {
+	if schema == "" {
+		return func(o *lock.Options) { o.Invalid(`pglock.WithSchema(""): empty schema`) }
+	}
+	return lock.WithValue(schemaKey{}, schema)
+}
+
+// WithSessions sets how many dedicated lock sessions (database
+// connections) the factory keeps: every lock it hands out is held on one of
+// them, chosen by the name's key. Postgres makes every statement on a
+// session slower the more locks it holds (it walks them at each
+// transaction end), so a process that holds thousands of locks at once
+// trades connections for latency here. Default 2, at most 64. Factory
+// option.
+func WithSessions(n int) Option {
+	if n < 1 || n > 64 {
+		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.WithSessions(%d): need 1 to 64", n)) }
+	}
+	return lock.WithValue(sessionsKey{}, n)
+}
+
+// WithHealthInterval sets how often an idle lock session is checked with a
+// query. A session that ended is noticed within this interval (plus the
+// statement timeout when the network is cut), and its holders lose their
+// locks. Default 1s. Factory option.
+func WithHealthInterval(d time.Duration) Option {
+	return duration("WithHealthInterval", healthKey{}, d)
+}
+
+// WithStatementTimeout bounds each use of a lock session: one statement,
+// or the few of a rare slow path. A session that runs out is in an unknown
+// state, so it is closed and its holders lose their locks. Default 5s.
+// Factory option.
+func WithStatementTimeout(d time.Duration) Option {
+	return duration("WithStatementTimeout", stmtTimeoutKey{}, d)
+}
+
+// WithPollInterval sets how often a waiting Acquire retries when no release
+// notification arrives, which catches locks freed by a session that ended.
+// Default 1s. Factory option.
+func WithPollInterval(d time.Duration) Option { return duration("WithPollInterval", pollKey{}, d) }
+
+// WithConnectTimeout bounds the wait for a pool connection when the factory
+// opens a lock session or its listener, so an exhausted pool gives
+// ErrPoolExhausted instead of a hang. Default 5s. Factory option.
+func WithConnectTimeout(d time.Duration) Option {
+	return duration("WithConnectTimeout", connectTimeoutKey{}, d)
+}
+
+// WithApplicationName sets the application_name of the factory's lock
+// sessions and listener, which is how operators find them in
+// pg_stat_activity. Default: the pool's application_name followed by
+// "/pglock", or "pglock" when the pool sets none. Factory option.
+func WithApplicationName(name string) Option { return lock.WithValue(appNameKey{}, name) }
+
+func duration(what string, key any, d time.Duration) Option {
+	if d <= 0 {
+		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.%s(%v): must be positive", what, d)) }
+	}
+	return lock.WithValue(key, d)
+}
+
+// config is the factory-level part of the options.
+type config struct {
+	schema         string
+	sessions       int
+	health         time.Duration
+	stmtTimeout    time.Duration
+	poll           time.Duration
+	connectTimeout time.Duration
+	appName        string
+	idleClose      time.Duration // an unused lock session is closed after this
+}
+
+func factoryConfig(o *lock.Options) config {
+	c := config{
+		schema: "public", sessions: 2, health: time.Second, stmtTimeout: 5 * time.Second,
+		poll: time.Second, connectTimeout: 5 * time.Second, idleClose: time.Minute,
+	}
+	if v, ok := o.Value(schemaKey{}).(string); ok {
+		c.schema = v
+	}
+	if v, ok := o.Value(sessionsKey{}).(int); ok {
+		c.sessions = v
+	}
+	if v, ok := o.Value(healthKey{}).(time.Duration); ok {
+		c.health = v
+	}
+	if v, ok := o.Value(stmtTimeoutKey{}).(time.Duration); ok {
+		c.stmtTimeout = v
+	}
+	if v, ok := o.Value(pollKey{}).(time.Duration); ok {
+		c.poll = v
+	}
+	if v, ok := o.Value(connectTimeoutKey{}).(time.Duration); ok {
+		c.connectTimeout = v
+	}
+	if v, ok := o.Value(appNameKey{}).(string); ok {
+		c.appName = v
+	}
+	return c
+}
+
+// MaxPermits is the largest WithMaxConcurrent pglock accepts: an acquire
+// may try every permit key, and a limit change takes them all at once.
+const MaxPermits = 1024
+
+// checkCall validates what the root does not: a prefix is hashed with NUL
+// separators, so it must not contain NUL itself; the permits are bounded.
+func checkCall(o *lock.Options) error {
+	if strings.IndexByte(o.KeyPrefix, 0) >= 0 {
+		return fmt.Errorf("%w: pglock.WithKeyPrefix: contains NUL", lock.ErrInvalidOption)
+	}
+	if o.MaxConcurrent > MaxPermits {
+		return fmt.Errorf("%w: WithMaxConcurrent(%d): pglock allows at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
+	}
+	return nil
+}

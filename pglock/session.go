@@ -1,0 +1,526 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/ubgo/lock"
+)
+
+// session is one dedicated connection that holds locks. Statements on it
+// are serialised by sem; a session that fails is closed, every holder on
+// it loses its lock, and the next statement opens a new connection.
+type session struct {
+	f   *Factory
+	idx int
+	sem chan struct{} // held while a statement runs
+
+	// Guarded by sem.
+	conn     *pgx.Conn
+	pid      uint32
+	lastUsed time.Time
+	marks    map[int64]int // semaphore markers held shared, by key: local permits
+	waits    map[int64]int // waiters keys held shared, by key: local waiters
+
+	due atomic.Bool // a publication is due; the goroutine holding sem does it
+
+	mu      sync.Mutex // guards the fields below; taken after sem, never before
+	gen     uint64     // changes whenever the connection is replaced
+	holders map[*Holder]struct{}
+	pending []*Holder // held, not yet written to pglock_holders
+	armed   bool      // a publication is scheduled
+	netConn net.Conn  // for forceClose
+}
+
+func newSession(f *Factory, idx int) *session {
+	return &session{f: f, idx: idx, sem: make(chan struct{}, 1), marks: map[int64]int{}, waits: map[int64]int{}, holders: map[*Holder]struct{}{}}
+}
+
+// sessionConn is the session while a statement runs on it.
+type sessionConn struct {
+	s      *session
+	c      *pgx.Conn
+	ctx    context.Context // the statements': never cancelled, bounded by the socket deadline
+	caller context.Context // the caller's, for its values
+}
+
+// do runs fn with the session's connection, opening one if needed (and
+// allowed). ctx bounds the wait for the session and for a pool connection;
+// fn's statements ignore ctx and are bounded by the statement timeout, so a
+// caller that gives up never leaves a statement's result unknown. Before
+// letting the session go, do publishes holders if that is due.
+func (s *session) do(ctx context.Context, open bool, fn func(sc *sessionConn) error) error {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	if s.conn == nil {
+		if !open {
+			return fmt.Errorf("pglock: lock session %d is closed", s.idx)
+		}
+		s.f.mu.Lock()
+		closed := s.f.closed
+		s.f.mu.Unlock()
+		if closed {
+			return lock.ErrClosed
+		}
+		if err := s.open(ctx); err != nil {
+			return err
+		}
+	}
+	// The bound is a deadline on the socket rather than a context: cheaper
+	// on the hot path, and a statement that runs out fails like a cut
+	// network, which fails the session.
+	nc := s.conn.PgConn().Conn()
+	nc.SetDeadline(time.Now().Add(s.f.cfg.stmtTimeout))
+	err := fn(&sessionConn{s: s, c: s.conn, ctx: context.Background(), caller: ctx})
+	if s.conn != nil && s.due.Load() {
+		s.publishLocked()
+	}
+	s.lastUsed = time.Now()
+	if s.conn != nil {
+		nc.SetDeadline(time.Time{})
+	}
+	return err
+}
+
+// open connects the session: a connection hijacked from the pool (so it
+// never goes back to it), named for operators, with the pglock objects in
+// place. sem is held.
+func (s *session) open(ctx context.Context) error {
+	c, err := s.f.hijack(ctx)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.cfg.stmtTimeout)
+	defer cancel()
+	var pid int32
+	var syncCommit string
+	err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false)",
+		pgx.QueryExecModeSimpleProtocol, s.f.cfg.appName).Scan(&pid, &syncCommit, nil)
+	if err == nil && syncCommit == "off" {
+		// A new token epoch must be flushed before its range is used: a
+		// commit that is visible must be durable.
+		_, err = c.Exec(sctx, "SET synchronous_commit = local")
+	}
+	if err == nil {
+		err = s.f.setup(sctx, c)
+	}
+	if err == nil {
+		// Rows of sessions that ended (Inspect ignores them anyway).
+		_, err = c.Exec(sctx, "DELETE FROM "+pgx.Identifier{s.f.cfg.schema, "pglock_holders"}.Sanitize()+
+			" h WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = h.pid)", pgx.QueryExecModeSimpleProtocol)
+	}
+	if err != nil {
+		closeConn(c)
+		if strings.HasPrefix(err.Error(), "pglock:") {
+			return err
+		}
+		return fmt.Errorf("pglock: opening a lock session: %w", err)
+	}
+	s.conn, s.pid, s.lastUsed = c, uint32(pid), time.Now()
+	s.f.open.Add(1)
+	s.mu.Lock()
+	s.netConn = c.PgConn().Conn()
+	s.mu.Unlock()
+	s.f.armHealth()
+	return nil
+}
+
+// setup makes sure the schema objects exist, once per factory.
+func (f *Factory) setup(ctx context.Context, c *pgx.Conn) error {
+	f.setupMu.Lock()
+	defer f.setupMu.Unlock()
+	if f.setupDone {
+		return nil
+	}
+	if err := ensureObjects(ctx, c, f.st); err != nil {
+		return err
+	}
+	f.setupDone = true
+	return nil
+}
+
+// hijack takes a connection out of the pool for good, waiting at most the
+// connect timeout (and never past ctx) so that an exhausted pool is an
+// error, not a hang.
+func (f *Factory) hijack(ctx context.Context) (*pgx.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, f.cfg.connectTimeout)
+	defer cancel()
+	pc, err := f.pool.Acquire(actx)
+	if err != nil {
+		st := f.pool.Stat()
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("pglock: waiting for a pool connection (%d of %d in use): %w", st.AcquiredConns(), st.MaxConns(), ctx.Err())
+		case actx.Err() != nil:
+			return nil, fmt.Errorf("%w within %v (%d of %d in use): %w", ErrPoolExhausted, f.cfg.connectTimeout, st.AcquiredConns(), st.MaxConns(), err)
+		}
+		return nil, fmt.Errorf("pglock: opening a lock session: %w", err)
+	}
+	return pc.Hijack(), nil
+}
+
+// closeConn ends a connection at once. pgx closes a connection that failed
+// in the background, keeping the socket open for up to 15s while it waits
+// for the server; the socket is closed here so the server ends the session,
+// and frees its locks, as soon as the close reaches it.
+func closeConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	nc := c.PgConn().Conn()
+	c.Close(ctx)
+	nc.Close()
+}
+
+// queryRow runs one statement as a cached prepared statement: one round
+// trip once the session has prepared it.
+func (sc *sessionConn) queryRow(sql string, args []any, dest ...any) error {
+	return sc.c.QueryRow(sc.ctx, sql, append([]any{pgx.QueryExecModeCacheStatement}, args...)...).Scan(dest...)
+}
+
+// checkPID fails the session if the statement ran on another backend than
+// the one the session started on: its locks are not where we left them.
+func (sc *sessionConn) checkPID(pid int32) error {
+	if uint32(pid) == sc.s.pid {
+		return nil
+	}
+	return sc.fail(fmt.Errorf("%w (backend %d, then %d)", ErrSessionChanged, sc.s.pid, pid))
+}
+
+// clean reports whether err is a server error that left the session
+// usable: anything else (network, timeout, a fatal error) leaves its state
+// unknown.
+func (sc *sessionConn) clean(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC" && !sc.c.IsClosed()
+}
+
+// cleanup handles an acquire statement that failed: a server error may
+// have come after the lock was taken, and session locks outlive the
+// rolled-back statement, so the keys it tried are unlocked (none of them is
+// held for anyone else on this session); if that fails too, or the error
+// was not a clean server error, the session is closed.
+func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
+	err = fmt.Errorf("pglock: acquire: %w", err)
+	if len(keys) == 0 && mark == 0 && sc.clean(err) {
+		return err
+	}
+	if keys == nil {
+		keys = []int64{}
+	}
+	return sc.unlock(err, keys, mark)
+}
+
+// newToken handles a counter value v outside the range of the epoch the
+// factory knows, for a lock this session has just taken: it reads the
+// committed epoch (v is a token if it lies in its range), else moves the
+// counter to a new epoch (after a crash reset it, or its range ran out)
+// and takes a new value. Rare: a few round trips.
+func (sc *sessionConn) newToken(v int64) (int64, error) {
+	f := sc.s.f
+	var (
+		e   int64
+		pid int32
+	)
+	if err := sc.queryRow(f.st.epoch, nil, &e, &pid); err != nil {
+		return 0, fmt.Errorf("pglock: token epoch: %w", err)
+	}
+	if err := sc.checkPID(pid); err != nil {
+		return 0, err
+	}
+	f.seeEpoch(e)
+	if f.validToken(v) {
+		return v, nil
+	}
+	for i := 0; i < 5; i++ {
+		if err := sc.queryRow(f.st.rebase, nil, &pid); err != nil {
+			return 0, fmt.Errorf("pglock: new token epoch: %w", err)
+		}
+		var tok int64
+		if err := sc.queryRow(f.st.token, nil, &tok, &e, &pid); err != nil {
+			return 0, fmt.Errorf("pglock: new token epoch: %w", err)
+		}
+		if err := sc.checkPID(pid); err != nil {
+			return 0, err
+		}
+		f.seeEpoch(e)
+		if tok > 0 && f.validToken(tok) {
+			return tok, nil
+		}
+	}
+	return 0, errNoToken
+}
+
+// errNoToken: the counter stayed out of range; the session is fine.
+var errNoToken = errors.New("pglock: no token after moving to a new epoch five times")
+
+// unlock gives up keys (and a shared semaphore marker) this statement's
+// caller took, after a failure that left no holder for them; if the
+// session cannot do it, it is closed.
+func (sc *sessionConn) unlock(cause error, keys []int64, mark int64) error {
+	if sc.s.conn == nil {
+		return cause // already failed: the locks went with it
+	}
+	if !sc.clean(cause) && !errors.Is(cause, errNoToken) {
+		return sc.fail(cause)
+	}
+	_, err := sc.c.Exec(sc.ctx, `SELECT pg_advisory_unlock(k) FROM unnest($1::int8[]) k
+		UNION ALL SELECT pg_advisory_unlock_shared($2::int8) WHERE $3::bool`, keys, mark, mark != 0)
+	if err != nil {
+		return sc.fail(errors.Join(cause, err))
+	}
+	return cause
+}
+
+// fail closes the session: Postgres frees every lock it held, and every
+// holder on it loses its lock. sem is held.
+func (sc *sessionConn) fail(cause error) error {
+	sc.s.failLocked(cause)
+	return cause
+}
+
+func (s *session) failLocked(cause error) {
+	if s.conn != nil {
+		closeConn(s.conn)
+		s.conn = nil
+		s.f.open.Add(-1)
+	}
+	s.marks, s.waits = map[int64]int{}, map[int64]int{}
+	s.mu.Lock()
+	s.gen++
+	hs := s.holders
+	s.holders, s.pending, s.netConn = map[*Holder]struct{}{}, nil, nil
+	s.mu.Unlock()
+	lost := fmt.Errorf("%w: lock session ended: %w", ErrLockLost, cause)
+	for h := range hs {
+		h.lose(lost)
+	}
+	// Waiters re-mark the names they wait for on the next connection.
+	s.f.lis.broadcast()
+	if len(hs) > 0 {
+		s.f.opts.Log().Warn("pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
+	}
+}
+
+// add records a new holder on the session and schedules its publication.
+// sem is held.
+func (s *session) add(h *Holder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holders[h] = struct{}{}
+	s.pending = append(s.pending, h)
+	s.armLocked()
+}
+
+// armLocked schedules a publication. s.mu is held.
+func (s *session) armLocked() {
+	if !s.armed {
+		s.armed = true
+		time.AfterFunc(publishDelay, s.publishTimer)
+	}
+}
+
+// remove forgets a released holder. sem is held.
+func (s *session) remove(h *Holder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.holders, h)
+}
+
+func (s *session) generation() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen
+}
+
+func (s *session) holds(h *Holder) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.holders[h]
+	return ok
+}
+
+// forceClose closes the connection under a statement that does not
+// return, so that the statement fails and the session is failed.
+func (s *session) forceClose() {
+	s.mu.Lock()
+	nc := s.netConn
+	s.mu.Unlock()
+	if nc != nil {
+		nc.Close()
+	}
+}
+
+// publishTimer publishes what is due, on the session if it is free. If a
+// statement is running, it only flags the work, which that statement's
+// goroutine does before letting the session go: waiting for the session
+// here would put a goroutine switch into the hot path.
+func (s *session) publishTimer() {
+	select {
+	case s.sem <- struct{}{}:
+		defer func() { <-s.sem }()
+		s.mu.Lock()
+		s.armed = false
+		s.mu.Unlock()
+		if s.conn == nil {
+			return
+		}
+		nc := s.conn.PgConn().Conn()
+		nc.SetDeadline(time.Now().Add(s.f.cfg.stmtTimeout))
+		s.publishLocked()
+		if s.conn != nil {
+			nc.SetDeadline(time.Time{})
+		}
+	default:
+		s.due.Store(true)
+		// In case that statement ended before it saw the flag.
+		time.AfterFunc(publishDelay, s.publishTimer)
+	}
+}
+
+// publishLocked writes the holders held for at least publishDelay to
+// pglock_holders, in one statement, so that Inspect from any process can
+// report their tokens. sem is held and the deadline set.
+func (s *session) publishLocked() {
+	s.due.Store(false)
+	now := time.Now()
+	s.mu.Lock()
+	var batch, keep []*Holder
+	for _, h := range s.pending {
+		if _, ok := s.holders[h]; !ok || h.published || h.state.Ended() {
+			continue
+		}
+		if now.Sub(h.since) < publishDelay {
+			keep = append(keep, h)
+			continue
+		}
+		batch = append(batch, h)
+	}
+	s.pending = keep
+	if len(keep) > 0 {
+		s.armLocked()
+	}
+	s.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	n := len(batch)
+	var (
+		keys, toks    = make([]int64, n), make([]int64, n)
+		nss, names    = make([]string, n), make([]string, n)
+		slots, limits = make([]int32, n), make([]int32, n)
+		since         = make([]time.Time, n)
+		owners, metas = make([]string, n), make([]*string, n)
+	)
+	for i, h := range batch {
+		keys[i], toks[i] = h.key, int64(h.token)
+		nss[i], names[i] = h.e.prefix, h.name
+		slots[i], limits[i] = int32(h.slot), int32(h.limit)
+		since[i], owners[i] = h.since, h.opts.Owner
+		if len(h.opts.Metadata) > 0 {
+			m := jsonObject(h.opts.Metadata)
+			metas[i] = &m
+		}
+	}
+	sc := &sessionConn{s: s, c: s.conn, ctx: context.Background(), caller: context.Background()}
+	var pid int32
+	err := sc.queryRow(s.f.st.publish, []any{keys, toks, nss, names, slots, limits, since, owners, metas}, &pid)
+	if err != nil {
+		if sc.clean(err) {
+			s.f.opts.Log().Warn("pglock: publishing holders for Inspect failed", "err", err)
+			return
+		}
+		sc.fail(fmt.Errorf("pglock: publishing holders: %w", err))
+		return
+	}
+	if sc.checkPID(pid) != nil {
+		return
+	}
+	for _, h := range batch {
+		h.published = true
+	}
+}
+
+// armHealth starts the periodic health check once a session is open.
+func (f *Factory) armHealth() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed && f.health == nil {
+		f.health = time.AfterFunc(f.cfg.health, f.healthTick)
+	}
+}
+
+// healthTick checks every idle open session with a query; a session that
+// does not answer, or answers from another backend, is failed. It stops
+// when no session is open, and open starts it again.
+func (f *Factory) healthTick() {
+	for _, s := range f.sessions {
+		s.check()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// A session opening now counts itself before it calls armHealth, so
+	// either this sees it or armHealth finds no timer and starts one.
+	if !f.closed && f.open.Load() > 0 {
+		f.health.Reset(f.cfg.health)
+	} else {
+		f.health = nil
+	}
+}
+
+// check runs the health check of the session, or closes it if it has held
+// nothing and served no waiter for a minute (cfg.idleClose): a factory that
+// is never closed does not keep its connections for ever.
+func (s *session) check() {
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		return // a statement is running: it fails by itself if the session is gone
+	}
+	defer func() { <-s.sem }()
+	if s.conn == nil {
+		return
+	}
+	s.mu.Lock()
+	unused := len(s.holders) == 0
+	s.mu.Unlock()
+	if unused && len(s.waits) == 0 && len(s.marks) == 0 && time.Since(s.lastUsed) > s.f.cfg.idleClose {
+		s.failLocked(errors.New("pglock: lock session idle"))
+		return
+	}
+	nc := s.conn.PgConn().Conn()
+	nc.SetDeadline(time.Now().Add(s.f.cfg.stmtTimeout))
+	sc := &sessionConn{s: s, c: s.conn, ctx: context.Background(), caller: context.Background()}
+	var pid int32
+	if err := sc.queryRow("SELECT pg_backend_pid()", nil, &pid); err != nil {
+		sc.fail(fmt.Errorf("pglock: health check: %w", err))
+		return
+	}
+	if sc.checkPID(pid) == nil {
+		nc.SetDeadline(time.Time{})
+	}
+}
+
+// close fails the session for Close: its connection is closed, which frees
+// its locks, and its holders lose them.
+func (s *session) close() {
+	select {
+	case s.sem <- struct{}{}:
+	case <-time.After(s.f.cfg.stmtTimeout):
+		s.forceClose()
+		s.sem <- struct{}{}
+	}
+	defer func() { <-s.sem }()
+	s.failLocked(lock.ErrClosed)
+}

@@ -1,0 +1,382 @@
+package pglock
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Key kinds. Every advisory key pglock uses is the first 8 bytes of
+// SHA-256("pglock" NUL kind NUL prefix NUL name [NUL slot]) read as a
+// big-endian int64 and taken with the one-bigint form of the advisory lock
+// functions (objsubid 1 in pg_locks). Names and prefixes contain no NUL, so
+// the input is injective; the kinds keep a name's keys apart from each
+// other and from every other name's.
+const (
+	kindMutex   = "m" // the lock of a plain mutex
+	kindSlot    = "s" // permit i of a semaphore (with slot)
+	kindSemMark = "g" // held shared by a session with a semaphore permit of the name
+	kindWaiters = "w" // held shared by a session with a waiter for the name
+	kindLimit   = "l" // primary key of the name's pglock_limits row (no lock)
+)
+
+// notifyChannel is the LISTEN/NOTIFY channel of every pglock factory; the
+// payload is the decimal waiters key of the released name.
+const notifyChannel = "pglock"
+
+// advisoryKey maps a key kind, prefix, name and optional slot (slot < 0:
+// none) to an advisory key. The SQL function pglock_key computes the same.
+func advisoryKey(kind, prefix, name string, slot int) int64 {
+	h := sha256.New()
+	h.Write([]byte("pglock\x00"))
+	h.Write([]byte(kind))
+	h.Write([]byte{0})
+	h.Write([]byte(prefix))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	if slot >= 0 {
+		h.Write([]byte{0})
+		h.Write([]byte(strconv.Itoa(slot)))
+	}
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])[:8]))
+}
+
+// statements holds the SQL of one schema.
+type statements struct {
+	schema string
+	exists string // true when every object is in place
+
+	mutexAcquire, mutexRelease, mutexReleasePub string
+	semAcquire, semRelease, relimit             string
+	epoch, rebase, token                        string
+	publish, inspectLimit, inspect              string
+}
+
+func newStatements(schema string) *statements {
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	// A raw counter value; the factory checks it against the epoch.
+	token := `nextval(` + lit(q("pglock_token_counter")) + `::regclass)`
+	const notify = `CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN 1 ELSE (SELECT 2 FROM pg_notify('` + notifyChannel + `', $3::text)) END`
+	return &statements{
+		schema: schema,
+		exists: `SELECT to_regclass(` + lit(q("pglock_limits")) + `) IS NOT NULL
+			AND to_regclass(` + lit(q("pglock_holders")) + `) IS NOT NULL
+			AND to_regclass(` + lit(q("pglock_token_counter")) + `) IS NOT NULL
+			AND to_regclass(` + lit(q("pglock_epoch")) + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_token_v1")+"()") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_rebase_v1")+"()") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_key")+"(text,text,text,integer)") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_sem_acquire_v1")+"(bigint[],integer[],bigint,boolean,bigint,bigint,integer,text,text)") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_sem_release_v1")+"(bigint,bigint,boolean,bigint,text,bigint)") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_relimit_v1")+"(bigint[],bigint,integer,text,text)") + `) IS NOT NULL`,
+
+		// One round trip. The mutex key first; then, only if it was taken,
+		// the check that no other session holds a permit of a semaphore of
+		// the same name (its marker key, held shared), and the token
+		// counter, in that order (CASE evaluates in order). Results: > 0
+		// taken (the counter value), -1 busy, -2 a semaphore of the name is
+		// held.
+		mutexAcquire: `SELECT CASE WHEN pg_try_advisory_lock($1::int8) THEN
+				CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN ` + token + `
+				WHEN pg_advisory_unlock($1::int8) THEN -2 ELSE -3 END
+			ELSE -1 END, pg_backend_pid()`,
+		epoch:  `SELECT coalesce((SELECT e FROM ` + q("pglock_epoch") + `), 0), pg_backend_pid()`,
+		rebase: `SELECT pg_backend_pid() FROM ` + q("pglock_rebase_v1") + `()`,
+		token:  `SELECT token, epoch, pg_backend_pid() FROM ` + q("pglock_token_v1") + `()`,
+		// One round trip: unlock, then NOTIFY only if another session has a
+		// waiter for the name (holds the waiters key shared, so the
+		// exclusive try fails). 0 means the session did not hold the key.
+		mutexRelease: `SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+		// The same, also deleting the holder's published row.
+		mutexReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $4::int8)
+			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+
+		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v1") + `($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,
+		relimit:      `SELECT ` + q("pglock_relimit_v1") + `($1, $2, $3, $4, $5), pg_backend_pid()`,
+		inspectLimit: `SELECT lim, ns, name FROM ` + q("pglock_limits") + ` WHERE key = $1`,
+
+		publish: `WITH i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
+				SELECT k, t, n_s, n, s, l, pg_backend_pid(), ts, o, m::jsonb
+				FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::int4[], $6::int4[], $7::timestamptz[], $8::text[], $9::text[])
+					AS u(k, t, n_s, n, s, l, ts, o, m))
+			SELECT pg_backend_pid()`,
+
+		// Held keys of the name, with the published holder rows and the
+		// sessions' pg_stat_activity entries.
+		inspect: `SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, l.pid,
+				h.token, h.slot, h.lim, h.since, h.owner, h.metadata::text,
+				a.application_name, host(a.client_addr), a.backend_start
+			FROM pg_locks l
+			LEFT JOIN LATERAL (SELECT * FROM ` + q("pglock_holders") + ` h
+				WHERE h.key = (l.classid::int8 << 32) | l.objid::int8 AND h.pid = l.pid
+				ORDER BY h.token DESC LIMIT 1) h ON true
+			LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND (l.classid::int8 << 32) | l.objid::int8 = ANY($1::int8[])`,
+	}
+}
+
+// SetupSQL returns the SQL that creates pglock's objects in schema: the
+// token counter (a sequence) and the pglock_epoch, pglock_limits and
+// pglock_holders tables, and the functions. A factory runs it on first use
+// when the objects are missing; an administrator can run it beforehand for
+// a role that may not create objects (that role then needs SELECT, INSERT,
+// UPDATE, DELETE on the tables, USAGE and UPDATE on the sequence, and
+// EXECUTE on the functions).
+func SetupSQL(schema string) string {
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	r := strings.NewReplacer(
+		"@ctr@", q("pglock_token_counter"),
+		"@ctrlit@", lit(q("pglock_token_counter")),
+		"@epoch@", q("pglock_epoch"),
+		"@token@", q("pglock_token_v1"),
+		"@rebase@", q("pglock_rebase_v1"),
+		"@rebasekey@", strconv.FormatInt(advisoryKey("rebase", "", schema, -1), 10),
+		"@limits@", q("pglock_limits"),
+		"@holders@", q("pglock_holders"),
+		"@key@", q("pglock_key"),
+		"@semacq@", q("pglock_sem_acquire_v1"),
+		"@semrel@", q("pglock_sem_release_v1"),
+		"@relimit@", q("pglock_relimit_v1"),
+		"@chan@", notifyChannel,
+	)
+	return r.Replace(setupTemplate)
+}
+
+// Tokens are values of a counter, an unlogged sequence (PostgreSQL 15
+// and later; a logged one before): no WAL and no flush on the hot path.
+// The counter runs in the range of an epoch, a row of a logged table: a
+// value v is a token only if epoch*2^32 < v < epoch*2^32 + 2^31 for a
+// committed epoch. A new epoch is committed (and so flushed) before its
+// range can be accepted, and it is always above the last one, so a crash,
+// which resets the counter, never yields a token twice: the next acquire
+// finds the counter out of range and moves to a new epoch. A new epoch is
+// at least the server clock in microseconds / 2^21, so objects dropped and
+// created again also start above earlier tokens (unless epochs were used
+// up faster than one every two seconds).
+const setupTemplate = `
+DO $pglock$ BEGIN
+	IF to_regclass(@ctrlit@) IS NULL THEN
+		IF current_setting('server_version_num')::int >= 150000 THEN
+			EXECUTE 'CREATE UNLOGGED SEQUENCE @ctr@ AS bigint';
+		ELSE
+			EXECUTE 'CREATE SEQUENCE @ctr@ AS bigint';
+		END IF;
+	END IF;
+END $pglock$;
+
+CREATE TABLE IF NOT EXISTS @epoch@ (
+	one boolean PRIMARY KEY DEFAULT true CHECK (one),
+	e   bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS @limits@ (
+	key     bigint PRIMARY KEY,
+	ns      text NOT NULL,
+	name    text NOT NULL,
+	lim     integer NOT NULL CHECK (lim > 1),
+	updated timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS @holders@ (
+	key      bigint NOT NULL,
+	token    bigint NOT NULL,
+	ns       text NOT NULL,
+	name     text NOT NULL,
+	slot     integer NOT NULL,
+	lim      integer NOT NULL,
+	pid      integer NOT NULL,
+	since    timestamptz NOT NULL,
+	owner    text NOT NULL DEFAULT '',
+	metadata jsonb,
+	PRIMARY KEY (key, token)
+);
+
+CREATE OR REPLACE FUNCTION @key@(kind text, prefix text, name text, slot integer DEFAULT NULL)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $pglock$
+	SELECT ('x' || encode(substr(sha256(
+		'pglock'::bytea || '\x00'::bytea || convert_to(kind, 'UTF8') || '\x00'::bytea
+		|| convert_to(prefix, 'UTF8') || '\x00'::bytea || convert_to(name, 'UTF8')
+		|| CASE WHEN slot IS NULL THEN ''::bytea ELSE '\x00'::bytea || convert_to(slot::text, 'UTF8') END
+	), 1, 8), 'hex'))::bit(64)::bigint
+$pglock$;
+
+-- A counter value and the committed epoch, with token -4 if the value is
+-- outside the epoch's range.
+CREATE OR REPLACE FUNCTION @token@(OUT token bigint, OUT epoch bigint) LANGUAGE plpgsql AS $pglock$
+BEGIN
+	token := nextval(@ctrlit@::regclass);
+	SELECT p.e INTO epoch FROM @epoch@ p;
+	IF epoch IS NULL OR token <= epoch * 4294967296 OR token >= epoch * 4294967296 + 2147483648 THEN
+		token := -4;
+	END IF;
+END
+$pglock$;
+
+-- Moves the counter to a new epoch, unless another session just did. The
+-- new epoch is visible, and so its range usable, only once this commits.
+CREATE OR REPLACE FUNCTION @rebase@() RETURNS void LANGUAGE plpgsql AS $pglock$
+DECLARE
+	ep bigint;
+	c bigint;
+BEGIN
+	PERFORM pg_advisory_xact_lock(@rebasekey@);
+	SELECT p.e INTO ep FROM @epoch@ p;
+	c := coalesce(pg_sequence_last_value(@ctrlit@::regclass), 0);
+	IF ep IS NOT NULL AND c > ep * 4294967296 AND c < ep * 4294967296 + 2147483648 - 1000000 THEN
+		RETURN;
+	END IF;
+	ep := greatest(coalesce(ep, 0) + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint >> 21);
+	INSERT INTO @epoch@ AS p (e) VALUES (ep) ON CONFLICT (one) DO UPDATE SET e = excluded.e;
+	PERFORM setval(@ctrlit@::regclass, ep * 4294967296);
+END
+$pglock$;
+
+-- status: 0 taken (token: the counter value), 1 busy, 2 limit mismatch (stored = the limit in force), 3 the limits row belongs
+-- to another name (key collision), 4 the mutex of the name is held.
+CREATE OR REPLACE FUNCTION @semacq@(
+	p_keys bigint[], p_slots integer[], p_mark bigint, p_take_mark boolean,
+	p_mutex bigint, p_limkey bigint, p_lim integer, p_ns text, p_name text,
+	OUT slot integer, OUT token bigint, OUT stored integer, OUT pid integer, OUT status integer)
+LANGUAGE plpgsql AS $pglock$
+DECLARE
+	i integer;
+	k bigint;
+	r record;
+BEGIN
+	pid := pg_backend_pid();
+	-- Own marker first, then the check for a mutex holder of the name: of
+	-- a mutex and a semaphore acquiring at once, at least one sees the other.
+	IF p_take_mark THEN
+		PERFORM pg_advisory_lock_shared(p_mark);
+	END IF;
+	IF NOT pg_try_advisory_xact_lock_shared(p_mutex) THEN
+		IF p_take_mark THEN PERFORM pg_advisory_unlock_shared(p_mark); END IF;
+		status := 4;
+		RETURN;
+	END IF;
+	-- Without the right limit stored, touch no permit: a transient hold
+	-- would make a concurrent limit change fail.
+	SELECT l.lim, l.ns, l.name INTO r FROM @limits@ l WHERE l.key = p_limkey;
+	IF coalesce(r.lim, 1) <> p_lim THEN
+		IF p_take_mark THEN PERFORM pg_advisory_unlock_shared(p_mark); END IF;
+		status := 2; stored := coalesce(r.lim, 1);
+		RETURN;
+	END IF;
+	FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+		IF pg_try_advisory_lock(p_keys[i]) THEN
+			slot := p_slots[i]; k := p_keys[i];
+			EXIT;
+		END IF;
+	END LOOP;
+	-- A fresh snapshot, taken after the permit: a limit changed by a
+	-- session that held every permit while it committed is seen here.
+	SELECT l.lim, l.ns, l.name INTO r FROM @limits@ l WHERE l.key = p_limkey;
+	IF FOUND AND (r.ns <> p_ns OR r.name <> p_name) THEN
+		status := 3;
+	ELSIF coalesce(r.lim, 1) <> p_lim THEN
+		status := 2; stored := coalesce(r.lim, 1);
+	ELSIF slot IS NULL THEN
+		status := 1;
+	ELSE
+		status := 0; stored := r.lim;
+		token := nextval(@ctrlit@::regclass);
+		RETURN;
+	END IF;
+	IF k IS NOT NULL THEN PERFORM pg_advisory_unlock(k); END IF;
+	IF p_take_mark THEN PERFORM pg_advisory_unlock_shared(p_mark); END IF;
+	slot := NULL;
+END
+$pglock$;
+
+CREATE OR REPLACE FUNCTION @semrel@(
+	p_key bigint, p_mark bigint, p_drop_mark boolean, p_waiters bigint, p_payload text, p_token bigint,
+	OUT ok boolean, OUT pid integer)
+LANGUAGE plpgsql AS $pglock$
+BEGIN
+	pid := pg_backend_pid();
+	IF p_token IS NOT NULL THEN
+		DELETE FROM @holders@ WHERE key = p_key AND token = p_token;
+	END IF;
+	ok := pg_advisory_unlock(p_key);
+	IF p_drop_mark THEN PERFORM pg_advisory_unlock_shared(p_mark); END IF;
+	IF ok AND NOT pg_try_advisory_xact_lock(p_waiters) THEN
+		PERFORM pg_notify('@chan@', p_payload);
+	END IF;
+END
+$pglock$;
+
+-- Sets the stored limit of a name, only while nobody holds any permit of
+-- the old or the new limit: every permit key is taken as a transaction
+-- lock, held until the change is committed and visible. 1 done (or already
+-- so), 0 busy, 3 the row belongs to another name.
+CREATE OR REPLACE FUNCTION @relimit@(
+	p_keys bigint[], p_limkey bigint, p_lim integer, p_ns text, p_name text)
+RETURNS integer LANGUAGE plpgsql AS $pglock$
+DECLARE
+	k bigint;
+	r record;
+BEGIN
+	-- One change of a name's limit at a time; who waited sees the result
+	-- (a fresh snapshot, taken after the lock).
+	PERFORM pg_advisory_xact_lock(p_limkey);
+	SELECT l.lim, l.ns, l.name INTO r FROM @limits@ l WHERE l.key = p_limkey;
+	IF FOUND AND (r.ns <> p_ns OR r.name <> p_name) THEN RETURN 3; END IF;
+	IF coalesce(r.lim, 1) = p_lim THEN RETURN 1; END IF;
+	FOREACH k IN ARRAY p_keys LOOP
+		IF NOT pg_try_advisory_xact_lock(k) THEN RETURN 0; END IF;
+	END LOOP;
+	INSERT INTO @limits@ AS l (key, ns, name, lim) VALUES (p_limkey, p_ns, p_name, p_lim)
+	ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, updated = now()
+		WHERE l.ns = excluded.ns AND l.name = excluded.name;
+	IF NOT FOUND THEN RETURN 3; END IF;
+	RETURN 1;
+END
+$pglock$;
+`
+
+// setupKey serialises racing creators of the objects of one schema.
+func setupKey(schema string) int64 { return advisoryKey("setup", "", schema, -1) }
+
+// ensureObjects creates the objects of st's schema on c unless they exist.
+func ensureObjects(ctx context.Context, c *pgx.Conn, st *statements) error {
+	var ok bool
+	if err := c.QueryRow(ctx, st.exists, pgx.QueryExecModeSimpleProtocol).Scan(&ok); err != nil {
+		return fmt.Errorf("pglock: checking for pglock objects in schema %q: %w", st.schema, err)
+	}
+	if ok {
+		return nil
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pglock: creating pglock objects: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// A transaction lock: whatever happens, it ends with the transaction.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", setupKey(st.schema)); err != nil {
+		return fmt.Errorf("pglock: creating pglock objects: %w", err)
+	}
+	if _, err := tx.Exec(ctx, SetupSQL(st.schema), pgx.QueryExecModeSimpleProtocol); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "3F000") {
+			return fmt.Errorf("pglock: cannot create pglock objects in schema %q (%w); grant CREATE on the schema, choose another with WithSchema, or have an administrator run pglock.SetupSQL(%q) beforehand", st.schema, err, st.schema)
+		}
+		return fmt.Errorf("pglock: creating pglock objects in schema %q: %w", st.schema, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pglock: creating pglock objects in schema %q: %w", st.schema, err)
+	}
+	return nil
+}
