@@ -1,0 +1,228 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/locktest"
+)
+
+// storePrefix is a key prefix of one test, whose keys are deleted when the
+// test ends: fence and ledger records never expire, and the server is
+// shared.
+func storePrefix(t testing.TB) string {
+	t.Helper()
+	prefix := fmt.Sprintf("redislock-store-test:%x:", time.Now().UnixNano())
+	rdb := newClient(t)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
+	return prefix
+}
+
+// Each constructor call gets a client of its own, so the suites' "another
+// client" really is another connection pool, as another process would be.
+func TestFenceConformance(t *testing.T) {
+	prefix := storePrefix(t)
+	locktest.RunFence(t, func(t testing.TB) lock.Fence {
+		return NewFence(newClient(t), WithKeyPrefix(prefix))
+	})
+}
+
+func TestLedgerConformance(t *testing.T) {
+	prefix := storePrefix(t)
+	locktest.RunLedger(t, func(t testing.TB) lock.Ledger {
+		return NewLedger(newClient(t), WithKeyPrefix(prefix))
+	})
+}
+
+// On Redis Cluster the fence script and the ledger commands go to the slot
+// of the key's hash tag, the same slot as the lock of that name.
+func TestClusterFenceAndLedger(t *testing.T) {
+	cc, _ := startCluster(t)
+	t.Run("Fence", func(t *testing.T) {
+		locktest.RunFence(t, func(t testing.TB) lock.Fence { return NewFence(cc, WithKeyPrefix(testPrefix)) })
+	})
+	t.Run("Ledger", func(t *testing.T) {
+		locktest.RunLedger(t, func(t testing.TB) lock.Ledger { return NewLedger(cc, WithKeyPrefix(testPrefix)) })
+	})
+	ctx := ctxT(t)
+	name := uniq(t, "a/b{c}")
+	slot := func(key string) int64 {
+		n, err := cc.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lk := keysFor(testPrefix, name).lock
+	for _, k := range []string{NewFence(cc, WithKeyPrefix(testPrefix)).Key(name), NewLedger(cc, WithKeyPrefix(testPrefix)).Key(name)} {
+		if slot(k) != slot(lk) {
+			t.Errorf("%s is in slot %d, the lock key %s in %d", k, slot(k), lk, slot(lk))
+		}
+	}
+}
+
+// The records live apart from every lock key, have no expiry (a fence that
+// forgot would let a stale writer in), and hold the token in decimal.
+func TestFenceAndLedgerKeys(t *testing.T) {
+	prefix := storePrefix(t)
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f, l := NewFence(rdb, WithKeyPrefix(prefix)), NewLedger(rdb, WithKeyPrefix(prefix))
+	name := uniq(t, "fence")
+	if got, want := f.Key(name), prefix+"fence/{"+backend.Escape(name)+"}"; got != want {
+		t.Fatalf("fence key %q, want %q", got, want)
+	}
+	if err := f.RejectIfStale(ctx, name, 1<<63+5); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MarkDone(ctx, name, 42); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{f.Key(name): "9223372036854775813", l.Key(name): "42"} {
+		v, err := rdb.Get(ctx, k).Result()
+		if err != nil || v != want {
+			t.Errorf("GET %s = %q, %v; want %q", k, v, err, want)
+		}
+		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl != -1 {
+			t.Errorf("%s has TTL %v; fence and ledger records must not expire", k, ttl)
+		}
+	}
+	// A lock of the same name is unaffected, and the default prefix applies.
+	fac := NewFactory(rdb, WithKeyPrefix(prefix), WithLogger(nil))
+	defer fac.Close()
+	h, err := fac.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	if k := NewFence(rdb).Key("x"); k != DefaultKeyPrefix+"fence/{x}" {
+		t.Errorf("default fence key %q", k)
+	}
+	// The operator's re-run: delete the record.
+	rdb.Del(ctx, l.Key(name))
+	if done, err := l.Done(ctx, name); done || err != nil {
+		t.Fatalf("after DEL: done %v err %v", done, err)
+	}
+}
+
+func TestFenceAndLedgerBadInput(t *testing.T) {
+	ctx := context.Background()
+	for what, f := range map[string]*Fence{
+		"nil client":    NewFence(nil),
+		"bad option":    NewFence(newClient(t), WithTTL(-1)),
+		"typed nil":     NewFence((*redis.Client)(nil)),
+		"valid, no key": NewFence(newClient(t)),
+	} {
+		err := f.RejectIfStale(ctx, "", 1)
+		if what != "valid, no key" {
+			err = f.RejectIfStale(ctx, "k", 1)
+			if !errors.Is(err, lock.ErrInvalidOption) {
+				t.Errorf("%s: %v, want ErrInvalidOption", what, err)
+			}
+		} else if !errors.Is(err, lock.ErrInvalidName) {
+			t.Errorf("%s: %v, want ErrInvalidName", what, err)
+		}
+	}
+	l := NewLedger(nil)
+	if done, err := l.Done(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
+		t.Errorf("nil client Done: %v %v", done, err)
+	}
+	if err := l.MarkDone(ctx, "k", 1); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Errorf("nil client MarkDone: %v", err)
+	}
+}
+
+// A replica that starts after the first one finished and released finds
+// the work recorded, through its own client and factory, and does not run it.
+func TestRunOnceLateReplica(t *testing.T) {
+	prefix := storePrefix(t)
+	ctx := ctxT(t)
+	key := uniq(t, "migrate")
+	runs := 0
+	replica := func() (bool, error) {
+		rdb := newClient(t)
+		f := NewFactory(rdb, WithKeyPrefix(prefix), WithLogger(nil))
+		defer f.Close()
+		return lock.RunOnce(ctx, f.AsLocker(WithWait()), NewLedger(rdb, WithKeyPrefix(prefix)), key,
+			func(ctx context.Context) error { runs++; return nil })
+	}
+	if ran, err := replica(); !ran || err != nil {
+		t.Fatalf("first replica: ran %v err %v", ran, err)
+	}
+	if ran, err := replica(); ran || err != nil || runs != 1 {
+		t.Fatalf("late replica: ran %v err %v, fn ran %d times", ran, err, runs)
+	}
+	// A failed run records nothing, so the next replica tries again.
+	key2 := uniq(t, "fails")
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(prefix), WithLogger(nil))
+	defer f.Close()
+	led := NewLedger(rdb, WithKeyPrefix(prefix))
+	boom := errors.New("boom")
+	if ran, err := lock.RunOnce(ctx, f.AsLocker(), led, key2, func(context.Context) error { return boom }); !ran || !errors.Is(err, boom) {
+		t.Fatalf("failing run: ran %v err %v", ran, err)
+	}
+	if ran, err := lock.RunOnce(ctx, f.AsLocker(), led, key2, func(context.Context) error { return nil }); !ran || err != nil {
+		t.Fatalf("retry after failure: ran %v err %v", ran, err)
+	}
+}
+
+// Holder A stalls past its TTL (its process paused: it neither renews nor
+// notices), B takes the lock with a larger token and writes through the
+// fence, and A's late write with its old token is refused.
+func TestFenceStaleWriter(t *testing.T) {
+	prefix := storePrefix(t)
+	ctx := ctxT(t)
+	name := uniq(t, "export")
+	fa := NewFactory(newClient(t), WithKeyPrefix(prefix), WithLogger(nil))
+	defer fa.Close()
+	fb := NewFactory(newClient(t), WithKeyPrefix(prefix), WithLogger(nil))
+	defer fb.Close()
+	fenceA := NewFence(newClient(t), WithKeyPrefix(prefix))
+	fenceB := NewFence(newClient(t), WithKeyPrefix(prefix))
+
+	a, err := fa.Acquire(ctx, name, WithTTL(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fenceA.RejectIfStale(ctx, name, a.Token()); err != nil {
+		t.Fatalf("A's first write: %v", err)
+	}
+	stall(a)
+	b, err := fb.Acquire(ctx, name, WithWait(), WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	if b.Token() <= a.Token() {
+		t.Fatalf("B's token %d is not above A's %d", b.Token(), a.Token())
+	}
+	if err := fenceB.RejectIfStale(ctx, name, b.Token()); err != nil {
+		t.Fatalf("B's write: %v", err)
+	}
+	if a.Err() != nil {
+		t.Fatalf("the stalled holder should not know yet: %v", a.Err())
+	}
+	err = fenceA.RejectIfStale(ctx, name, a.Token())
+	if !errors.Is(err, lock.ErrStaleToken) {
+		t.Fatalf("A's late write: %v, want ErrStaleToken", err)
+	}
+	if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("ErrStaleToken must not match lock errors: %v", err)
+	}
+	if err := fenceB.RejectIfStale(ctx, name, b.Token()); err != nil {
+		t.Fatalf("B writes again: %v", err)
+	}
+}
