@@ -1,7 +1,7 @@
 # The two commands a newcomer runs:
 #   make demo   runs the main job: replicas racing for a cron tick, on memlock
 #   make test   starts the services the tests need and runs every test with -race
-.PHONY: demo test services fmt vet tidy
+.PHONY: demo test services bench chaos fmt vet tidy
 
 demo:
 	cd examples && go run ./demo
@@ -11,6 +11,12 @@ test:
 
 services:
 	scripts/services.sh up
+
+# Every backend beside its floor and its peers, in one interleaved run
+# (a few minutes); results and method in docs/benchmarks.md.
+bench:
+	-scripts/services.sh up
+	cd bench && go run ./cmd/bench $(BENCHFLAGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -122,7 +122,8 @@ func releaseInto(h Holder, err *error) {
 	if rerr == nil && lost != nil {
 		rerr = lost
 	}
-	if rerr != nil {
+	// fn often returns its context's cause, which is the loss itself.
+	if rerr != nil && !errors.Is(*err, rerr) {
 		*err = errors.Join(*err, rerr)
 	}
 }

@@ -1020,8 +1020,8 @@ func fileHasData(fd sysFile) bool {
 
 func holderInfo(r record) lock.HolderInfo {
 	hi := lock.HolderInfo{Token: r.token, Owner: r.owner, Metadata: r.meta}
-	if hi.Owner == "" && r.pid != 0 {
-		hi.Owner = strconv.Itoa(r.pid) + "@" + r.host
+	if r.pid != 0 {
+		hi.ID = strconv.Itoa(r.pid) + "@" + r.host
 	}
 	if r.since != 0 {
 		hi.Since = time.Unix(0, r.since)

@@ -195,7 +195,7 @@ func TestSemaphoreFilesAndInspect(t *testing.T) {
 	if h0.Token != a.Token() || h0.Owner != "batch-1" || h0.Metadata["k"] != "v" || h0.Since.IsZero() {
 		t.Errorf("first holder %+v", h0)
 	}
-	if h1.Token != b.Token() || !strings.HasPrefix(h1.Owner, fmt.Sprint(os.Getpid())+"@") {
+	if h1.Token != b.Token() || !strings.HasPrefix(h1.ID, fmt.Sprint(os.Getpid())+"@") {
 		t.Errorf("second holder %+v; want owner pid@host", h1)
 	}
 	a.Release()

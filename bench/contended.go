@@ -1,0 +1,461 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bsm "github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	gofrs "github.com/gofrs/flock"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/ubgo/lock/etcdlock"
+	"github.com/ubgo/lock/filelock"
+	"github.com/ubgo/lock/flock"
+	"github.com/ubgo/lock/memlock"
+	"github.com/ubgo/lock/pglock"
+	"github.com/ubgo/lock/redislock"
+)
+
+// A contender is one participant that takes the lock in turn with the
+// others: a goroutine with its own factory and client wherever the backend
+// has them, as a separate process would.
+type contender struct {
+	lock   func(ctx context.Context) error
+	unlock func() error
+}
+
+// contCase is a contended case: cfg.Waiters contenders on one name, each
+// taking the lock (or a permit) and giving it back at once, as fast as
+// they can.
+type contCase struct {
+	id      string
+	service string
+	label   string
+	kind    kind
+	rtt     string        // one round trip of the same service, by opCase id
+	limit   int           // 1: mutex; n: semaphore of n permits
+	hold    time.Duration // how long each holder keeps the lock
+	cs      []contender
+	err     error
+	overrun atomic.Bool  // more than limit holders were ever inside at once
+	maxIn   atomic.Int32 // most holders seen inside at once
+	res     [numConds][]contRes
+}
+
+type contRes struct {
+	handoff    summary       // release called → next holder's acquire returned (mutex only)
+	throughput float64       // acquisitions per second
+	maxWait    time.Duration // longest single acquire: starvation
+	fewest     int           // acquisitions of the least lucky contender
+	most       int           // and of the luckiest
+	total      int           // acquisitions of all
+}
+
+// contClients are the per-contender clients, shared by the cases of one
+// service (cases run one at a time).
+type contClients struct {
+	once  sync.Once
+	redis []*redis.Client
+	etcd  []*clientv3.Client
+	pool  *pgxpool.Pool
+	errs  map[string]error
+}
+
+func (e *env) contenderClients(ctx context.Context) *contClients {
+	cc := e.cc
+	cc.once.Do(func() {
+		cc.errs = map[string]error{}
+		n := e.cfg.Waiters
+		if e.available(Redis) {
+			for i := 0; i < n; i++ {
+				c, err := dialRedis(ctx)
+				if err != nil {
+					cc.errs[Redis] = err
+					break
+				}
+				e.defer_(func() { c.Close() })
+				cc.redis = append(cc.redis, c)
+			}
+		}
+		if e.available(Etcd) {
+			for i := 0; i < n; i++ {
+				c, err := dialEtcd(ctx)
+				if err != nil {
+					cc.errs[Etcd] = err
+					break
+				}
+				e.defer_(func() { c.Close() })
+				cc.etcd = append(cc.etcd, c)
+			}
+		}
+		if e.available(Postgres) {
+			// Each pglock factory takes up to two lock sessions and a
+			// listener out of the pool.
+			p, err := dialPostgres(ctx, int32(3*n+4))
+			if err != nil {
+				cc.errs[Postgres] = err
+			} else {
+				e.defer_(p.Close)
+				cc.pool = p
+			}
+		}
+	})
+	return cc
+}
+
+// contendedCases builds the mutex cases (limit 1, with the peers) or the
+// semaphore cases (limit n, ours only: the peers have no semaphore).
+func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
+	n := e.cfg.Waiters
+	cc := e.contenderClients(ctx)
+	name := "contended"
+	if limit > 1 {
+		name = "semaphore"
+	}
+	var out []*contCase
+	add := func(c *contCase) {
+		c.limit = limit
+		if limit > 1 {
+			// Long enough for the permits to overlap, so that the
+			// semaphore shows it admits up to limit holders at once.
+			c.hold = semHold
+		}
+		out = append(out, c)
+	}
+	dir := filepath.Join(e.dir, fmt.Sprintf("contended-%d", limit))
+	dirErr := os.MkdirAll(dir, 0o755)
+
+	// memlock: one factory (the only way its waiters meet).
+	mf := memlock.NewFactory(memlock.WithLogger(nil), memlock.WithWait(), memlock.WithMaxConcurrent(limit))
+	e.defer_(func() { mf.Close() })
+	add(&contCase{id: "memory/memlock", label: "memlock, one factory", kind: oursKind, cs: contenders(n, func(int) contender {
+		var h *memlock.Holder
+		return contender{
+			lock:   func(ctx context.Context) (err error) { h, err = mf.Acquire(ctx, name); return err },
+			unlock: func() error { return h.Release() },
+		}
+	})})
+
+	fdir := filepath.Join(dir, "flock")
+	add(&contCase{id: "file/flock", label: "flock, a factory each", kind: oursKind, err: dirErr, cs: contenders(n, func(int) contender {
+		f := flock.NewFactory(flock.WithDir(fdir), flock.WithLogger(nil), flock.WithWait(), flock.WithMaxConcurrent(limit))
+		e.defer_(func() { f.Close() })
+		var h *flock.Holder
+		return contender{
+			lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+			unlock: func() error { return h.Release() },
+		}
+	})})
+
+	ldir := filepath.Join(dir, "filelock")
+	add(&contCase{id: "file/filelock", label: "filelock, a factory each", kind: oursKind, err: dirErr, cs: contenders(n, func(int) contender {
+		f := filelock.NewFactory(filelock.WithDir(ldir), filelock.WithLogger(nil), filelock.WithWait(), filelock.WithMaxConcurrent(limit))
+		e.defer_(func() { f.Close() })
+		var h *filelock.Holder
+		return contender{
+			lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+			unlock: func() error { return h.Release() },
+		}
+	})})
+
+	if limit == 1 {
+		gpath := filepath.Join(dir, "gofrs.lock")
+		add(&contCase{id: "file/gofrs-flock", label: "gofrs/flock Lock (blocking flock), one Flock each", kind: peerKind, err: dirErr, cs: contenders(n, func(int) contender {
+			g := gofrs.New(gpath)
+			return contender{lock: func(context.Context) error { return g.Lock() }, unlock: g.Unlock}
+		})})
+	}
+
+	if e.available(Postgres) {
+		c := &contCase{id: "postgres/pglock", service: Postgres, rtt: idSelect1, label: "pglock, a factory each", kind: oursKind, err: cc.errs[Postgres]}
+		if c.err == nil {
+			c.cs = contenders(n, func(int) contender {
+				f := pglock.NewFactory(cc.pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
+					pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName("ubgo-lock-bench"))
+				e.defer_(func() { f.Close() })
+				var h *pglock.Holder
+				return contender{
+					lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+					unlock: func() error { return h.Release() },
+				}
+			})
+		}
+		add(c)
+		if limit == 1 {
+			c := &contCase{id: "postgres/pglock, one factory", service: Postgres, rtt: idSelect1, label: "pglock, one factory for all", kind: oursKind, err: cc.errs[Postgres]}
+			if c.err == nil {
+				f := pglock.NewFactory(cc.pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
+					pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName("ubgo-lock-bench"))
+				e.defer_(func() { f.Close() })
+				c.cs = contenders(n, func(int) contender {
+					var h *pglock.Holder
+					return contender{
+						lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+						unlock: func() error { return h.Release() },
+					}
+				})
+			}
+			add(c)
+		}
+	}
+
+	if e.available(Redis) {
+		err := cc.errs[Redis]
+		c := &contCase{id: idRedislock, service: Redis, rtt: idPing, label: "redislock, a factory and client each", kind: oursKind, err: err}
+		if err == nil {
+			c.cs = contenders(n, func(i int) contender {
+				f := redislock.NewFactory(cc.redis[i], redislock.WithKeyPrefix(e.prefix), redislock.WithLogger(nil),
+					redislock.WithWait(), redislock.WithMaxConcurrent(limit))
+				e.defer_(func() { f.Close() })
+				var h *redislock.Holder
+				return contender{
+					lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+					unlock: func() error { return h.Release() },
+				}
+			})
+		}
+		add(c)
+		if limit == 1 {
+			c := &contCase{id: idRedislock + ", one factory", service: Redis, rtt: idPing, label: "redislock, one factory and client for all", kind: oursKind, err: err}
+			if err == nil {
+				f := redislock.NewFactory(cc.redis[0], redislock.WithKeyPrefix(e.prefix), redislock.WithLogger(nil),
+					redislock.WithWait(), redislock.WithMaxConcurrent(limit))
+				e.defer_(func() { f.Close() })
+				c.cs = contenders(n, func(i int) contender {
+					var h *redislock.Holder
+					return contender{
+						lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+						unlock: func() error { return h.Release() },
+					}
+				})
+			}
+			add(c)
+		}
+		if limit == 1 {
+			poll := e.cfg.PeerPoll
+			c := &contCase{id: idBsm, service: Redis, rtt: idPing, kind: peerKind, err: err,
+				label: fmt.Sprintf("bsm/redislock, polling every %v, a client each", poll)}
+			if err == nil {
+				key := e.prefix + "bsm-contended"
+				c.cs = contenders(n, func(i int) contender {
+					b := bsm.New(cc.redis[i])
+					opt := &bsm.Options{RetryStrategy: bsm.LinearBackoff(poll)}
+					var l *bsm.Lock
+					return contender{
+						lock:   func(ctx context.Context) (err error) { l, err = b.Obtain(ctx, key, 30*time.Second, opt); return err },
+						unlock: func() error { return l.Release(context.Background()) },
+					}
+				})
+			}
+			add(c)
+			c = &contCase{id: idRedsync, service: Redis, rtt: idPing, kind: peerKind, err: err,
+				label: fmt.Sprintf("redsync, polling every %v, a client each", poll)}
+			if err == nil {
+				key := e.prefix + "redsync-contended"
+				c.cs = contenders(n, func(i int) contender {
+					m := redsync.New(redsyncgoredis.NewPool(cc.redis[i])).NewMutex(key,
+						redsync.WithExpiry(30*time.Second), redsync.WithTries(math.MaxInt32), redsync.WithRetryDelay(poll))
+					return contender{
+						lock:   m.LockContext,
+						unlock: func() error { _, err := m.UnlockContext(context.Background()); return err },
+					}
+				})
+			}
+			add(c)
+		}
+	}
+
+	if e.available(Etcd) {
+		err := cc.errs[Etcd]
+		c := &contCase{id: idEtcdlock, service: Etcd, rtt: idEtcdPut, label: "etcdlock, a factory and client each", kind: oursKind, err: err}
+		if err == nil {
+			c.cs = contenders(n, func(i int) contender {
+				f := etcdlock.NewFactory(cc.etcd[i], etcdlock.WithKeyPrefix(e.prefix+"etcdlock/"), etcdlock.WithLogger(nil),
+					etcdlock.WithWait(), etcdlock.WithMaxConcurrent(limit))
+				e.defer_(func() { f.Close() })
+				var h *etcdlock.Holder
+				return contender{
+					lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+					unlock: func() error { return h.Release() },
+				}
+			})
+		}
+		add(c)
+		if limit == 1 {
+			c := &contCase{id: idEtcdlock + ", one factory", service: Etcd, rtt: idEtcdPut, label: "etcdlock, one factory and client for all", kind: oursKind, err: err}
+			if err == nil {
+				f := etcdlock.NewFactory(cc.etcd[0], etcdlock.WithKeyPrefix(e.prefix+"etcdlock/"), etcdlock.WithLogger(nil),
+					etcdlock.WithWait(), etcdlock.WithMaxConcurrent(limit))
+				e.defer_(func() { f.Close() })
+				c.cs = contenders(n, func(i int) contender {
+					var h *etcdlock.Holder
+					return contender{
+						lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
+						unlock: func() error { return h.Release() },
+					}
+				})
+			}
+			add(c)
+		}
+		if limit == 1 {
+			c := &contCase{id: idEtcdMutex, service: Etcd, rtt: idEtcdPut, label: "concurrency.Mutex, a client and session each", kind: peerKind, err: err}
+			if err == nil {
+				c.cs = contenders(n, func(i int) contender {
+					s, err := concurrency.NewSession(cc.etcd[i], concurrency.WithTTL(60))
+					if err != nil {
+						c.err = err
+						return contender{}
+					}
+					e.defer_(func() { s.Close() })
+					m := concurrency.NewMutex(s, e.prefix+"mutex-contended")
+					return contender{lock: m.Lock, unlock: func() error { return m.Unlock(context.Background()) }}
+				})
+			}
+			add(c)
+		}
+	}
+	return out
+}
+
+// semHold is how long a semaphore holder keeps its permit.
+const semHold = time.Millisecond
+
+func contenders(n int, mk func(i int) contender) []contender {
+	cs := make([]contender, n)
+	for i := range cs {
+		cs[i] = mk(i)
+	}
+	return cs
+}
+
+// runContended runs every contended case cfg.CRounds times in each
+// condition, rotating the order each round.
+func runContended(ctx context.Context, cases []*contCase, cfg Config, sp *spinner) {
+	for _, c := range cases {
+		// Warm up: every contender once, alone (dials, leases, watches).
+		for _, ct := range c.cs {
+			if c.err != nil {
+				break
+			}
+			if c.err = ct.lock(ctx); c.err == nil {
+				c.err = ct.unlock()
+			}
+		}
+	}
+	for r := 0; r < cfg.CRounds; r++ {
+		for _, cd := range conds(sp, r) {
+			sp.set(cd == busy)
+			for i := range cases {
+				c := cases[(i+r)%len(cases)]
+				if c.err == nil {
+					c.round(ctx, cd, cfg.Contend)
+				}
+			}
+		}
+	}
+	sp.set(false)
+}
+
+// round lets the contenders run for d and records one contRes.
+func (c *contCase) round(ctx context.Context, cd cond, d time.Duration) {
+	hold := c.hold
+	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
+	defer cancel()
+	var (
+		rec       sync.Mutex // guards what follows
+		handoffs  []time.Duration
+		lastStart time.Time // when the last holder started its release
+		lastBy    = -1
+		maxWait   time.Duration
+		counts    = make([]int, len(c.cs))
+		firstErr  error
+		inside    atomic.Int32
+		wg        sync.WaitGroup
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	var end atomic.Int64
+	for i, ct := range c.cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				t0 := time.Now()
+				err := ct.lock(ctx)
+				t1 := time.Now()
+				if err != nil {
+					rec.Lock()
+					firstErr = cmpOr(firstErr, err)
+					rec.Unlock()
+					cancel()
+					return
+				}
+				in := inside.Add(1)
+				if int(in) > c.limit {
+					c.overrun.Store(true)
+				}
+				for m := c.maxIn.Load(); in > m && !c.maxIn.CompareAndSwap(m, in); m = c.maxIn.Load() {
+				}
+				rec.Lock()
+				counts[i]++
+				maxWait = max(maxWait, t1.Sub(t0))
+				if c.limit == 1 && lastBy >= 0 && lastBy != i {
+					handoffs = append(handoffs, t1.Sub(lastStart))
+				}
+				rec.Unlock()
+				if hold > 0 {
+					time.Sleep(hold)
+				}
+				rec.Lock()
+				lastBy = i
+				inside.Add(-1)
+				lastStart = time.Now()
+				rec.Unlock()
+				if err := ct.unlock(); err != nil {
+					rec.Lock()
+					firstErr = cmpOr(firstErr, err)
+					rec.Unlock()
+					cancel()
+					return
+				}
+				end.Store(int64(time.Since(start)))
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		c.err = firstErr
+		return
+	}
+	total, fewest, most := 0, math.MaxInt, 0
+	for _, n := range counts {
+		total += n
+		fewest, most = min(fewest, n), max(most, n)
+	}
+	c.res[cd] = append(c.res[cd], contRes{
+		handoff:    summarize(handoffs),
+		throughput: float64(total) / time.Duration(end.Load()).Seconds(),
+		maxWait:    maxWait,
+		fewest:     fewest,
+		most:       most,
+		total:      total,
+	})
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,509 @@
+package bench
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// fmtDur prints a duration with three significant digits in a unit that
+// suits it.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "—"
+	case d < time.Microsecond:
+		return fmt.Sprintf("%d ns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+}
+
+func ratio(a, b float64) string {
+	if a <= 0 || b <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func (c *opCase) summary(cd cond) summary { return medianSummary(rs(c.res[cd])) }
+
+func rs(rr []roundRes) []summary {
+	out := make([]summary, len(rr))
+	for i, r := range rr {
+		out[i] = r.s
+	}
+	return out
+}
+
+func (c *opCase) allocs(cd cond) float64 {
+	var xs []float64
+	for _, r := range c.res[cd] {
+		xs = append(xs, r.allocs)
+	}
+	return median(xs)
+}
+
+func (r *Result) op(id string) *opCase {
+	for _, c := range r.ops {
+		if c.id == id {
+			return c
+		}
+	}
+	return nil
+}
+
+func (r *Result) p50(id string, cd cond) time.Duration {
+	if c := r.op(id); c != nil && c.err == nil {
+		return c.summary(cd).p50
+	}
+	return 0
+}
+
+// bestPeer is the fastest peer of service's group at p50 (by the id
+// prefix, "redis/"), or "".
+func (r *Result) bestPeer(group string, cd cond) (string, time.Duration) {
+	var best string
+	var bd time.Duration
+	for _, c := range r.ops {
+		if c.kind != peerKind || c.err != nil || group != groupOf(c.id) {
+			continue
+		}
+		if d := c.summary(cd).p50; d > 0 && (bd == 0 || d < bd) {
+			best, bd = c.id, d
+		}
+	}
+	return best, bd
+}
+
+func groupOf(id string) string { g, _, _ := strings.Cut(id, "/"); return g }
+
+func nameOf(id string) string { _, n, _ := strings.Cut(id, "/"); return n }
+
+func (c *contCase) agg(cd cond) (h summary, tput float64, maxWait time.Duration, fewest, most int) {
+	var hs []summary
+	var tp []float64
+	var mw []time.Duration
+	fewest = -1
+	for _, x := range c.res[cd] {
+		hs, tp, mw = append(hs, x.handoff), append(tp, x.throughput), append(mw, x.maxWait)
+		if fewest < 0 || x.fewest < fewest {
+			fewest = x.fewest
+		}
+		most = max(most, x.most)
+	}
+	return medianSummary(hs), median(tp), maxOf(mw), fewest, most
+}
+
+func maxOf(ds []time.Duration) time.Duration {
+	var m time.Duration
+	for _, d := range ds {
+		m = max(m, d)
+	}
+	return m
+}
+
+func (r *Result) cont(id string) *contCase {
+	for _, c := range r.contended {
+		if c.id == id {
+			return c
+		}
+	}
+	return nil
+}
+
+func (r *Result) conditions() []cond {
+	if r.BusyNote != "" {
+		return []cond{idle}
+	}
+	return []cond{idle, busy}
+}
+
+func condTitle(cd cond) string {
+	if cd == idle {
+		return "idle CPUs (they may sleep while a client waits for a reply)"
+	}
+	return "busy CPUs (a SCHED_IDLE busy loop keeps them awake)"
+}
+
+// Markdown renders the run.
+func (r *Result) Markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	m := r.Machine
+	cfg := r.Config
+	w("## Machine\n\n")
+	w("- %d CPUs, %s, Linux %s\n", m.CPUs, m.CPU, m.Kernel)
+	w("- %s\n", m.Go)
+	for _, s := range []string{Redis, Postgres, Etcd} {
+		if v, ok := m.Services[s]; ok {
+			w("- %s: %s\n", s, v)
+		}
+	}
+	w("- run: %s, %s; %d uncontended rounds of %v per case and condition, %d contended rounds of %v, %d waiters, %d held locks\n",
+		m.Date.Format("2006-01-02 15:04 UTC"), fmtDur(r.Elapsed.Round(time.Second)), cfg.Rounds, cfg.Batch, cfg.CRounds, cfg.Contend, cfg.Waiters, cfg.Held)
+	w("- 1-minute load average %s at the start, %s at the end (the benchmark itself adds about 1)\n", m.Load[0], m.Load[1])
+	if r.BusyNote != "" {
+		w("- busy condition not measured: %s\n", r.BusyNote)
+	}
+
+	if len(r.ops) > 0 {
+		r.opsMarkdown(&b)
+	}
+	if len(r.contended) > 0 {
+		r.contMarkdown(&b)
+	}
+	r.restMarkdown(&b)
+	return b.String()
+}
+
+func (r *Result) opsMarkdown(b *strings.Builder) {
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	w("\n## Uncontended acquire+release\n\n")
+	w("Medians over rounds of each round's p50, p99 and mean. \"× floor\" is p50 over the p50 of the raw two-round-trip lock of the same service; \"× best peer\" over the fastest peer on the same service; \"RTs\" is p50 over one round trip of the service (PING, SELECT 1, etcd Put). allocs/op counts every heap object the process allocated during the batch.\n")
+	for _, cd := range r.conditions() {
+		w("\n### %s\n\n", condTitle(cd))
+		w("| case | kind | p50 | p99 | mean | RTs | × floor | × best peer | allocs/op |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, c := range r.ops {
+			if c.err != nil {
+				w("| %s | %s | failed: %v | | | | | | |\n", c.id, c.kind, c.err)
+				continue
+			}
+			s := c.summary(cd)
+			rt, fl, bp := "—", "—", "—"
+			if c.rtt != "" {
+				rt = ratio(float64(s.p50), float64(r.p50(c.rtt, cd)))
+			}
+			if c.floor != "" {
+				fl = ratio(float64(s.p50), float64(r.p50(c.floor, cd)))
+			}
+			if c.kind != floorKind {
+				if _, d := r.bestPeer(groupOf(c.id), cd); d > 0 {
+					bp = ratio(float64(s.p50), float64(d))
+				}
+			}
+			w("| %s — %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", c.id, c.label, c.kind,
+				fmtDur(s.p50), fmtDur(s.p99), fmtDur(s.mean), rt, fl, bp, c.allocs(cd))
+		}
+	}
+
+}
+
+func (r *Result) contMarkdown(b *strings.Builder) {
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	cfg := r.Config
+	w("\n## Contention: %d waiters on one name (WithWait)\n\n", cfg.Waiters)
+	w("Each waiter takes the lock and gives it back at once, for %v per round. Hand-off: from the holder calling Release to the next holder's Acquire returning, counted when the lock passes to another waiter. \"RTs\" is hand-off p50 over one round trip of the service (PING, SELECT 1, etcd Put) in the same condition. Max wait is the longest single Acquire over all rounds (starvation); acquisitions per waiter show fairness. Exclusion: no two holders were ever seen inside at once.\n", cfg.Contend)
+	for _, cd := range r.conditions() {
+		w("\n### %s\n\n", condTitle(cd))
+		w("| case | kind | hand-off p50 | p99 | mean | RTs | acquires/s | × best peer | max wait | per waiter | exclusion |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, c := range r.contended {
+			r.contRow(b, c, cd, true)
+		}
+	}
+}
+
+func (r *Result) restMarkdown(b *strings.Builder) {
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	cfg := r.Config
+	if len(r.semaphore) > 0 {
+		w("\n## Semaphore: %d waiters on %d permits\n\n", cfg.Waiters, r.semaphore[0].limit)
+		w("Each holder keeps its permit for %v, so at most %d × 1/(%v + acquire+release) acquisitions per second are possible. Exclusion: never more than %d holders seen inside at once.\n",
+			semHold, r.semaphore[0].limit, semHold, r.semaphore[0].limit)
+		for _, cd := range r.conditions() {
+			w("\n### %s\n\n", condTitle(cd))
+			w("| case | kind | acquires/s | max wait | per waiter | most inside | exclusion |\n|---|---|---:|---:|---:|---:|---|\n")
+			for _, c := range r.semaphore {
+				r.contRow(b, c, cd, false)
+			}
+		}
+	}
+
+	if len(r.renewal) > 0 {
+		n := r.renewal[0].held
+		w("\n## Renewal of %d held locks (idle CPUs)\n\n", n)
+		w("The cost of renewing every lock once: round trips, commands, wall time of the passes (summed), and the benchmark process's CPU. Ours and concurrency.Mutex renew in the background (TTL %v, every third of it); the hook on their client times each pass. The peers that renew one lock per call are swept by hand.\n\n", renewTTL)
+		w("| case | kind | round trips | commands | wall | × floor | pass p50 | pass p99 | client CPU |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		floors := map[string]time.Duration{}
+		for _, c := range r.renewal {
+			if c.kind == floorKind && c.err == nil {
+				floors[c.service] = c.wallPerAll()
+			}
+		}
+		for _, c := range r.renewal {
+			if c.err != nil {
+				w("| %s — %s | %s | failed: %v | | | | | | |\n", c.id, c.label, c.kind, c.err)
+				continue
+			}
+			if c.renewed == 0 {
+				w("| %s — %s | %s | no pass seen | | | | | | |\n", c.id, c.label, c.kind)
+				continue
+			}
+			var rts, cmds int
+			var ds []time.Duration
+			for _, p := range c.passes {
+				rts, cmds = rts+p.rts, cmds+p.cmds
+				ds = append(ds, p.d)
+			}
+			per := float64(c.held) / float64(c.renewed) // renewals of all the locks in the measured windows
+			s := summarize(ds)
+			fl := "—"
+			if c.kind != floorKind {
+				fl = ratio(float64(c.wallPerAll()), float64(floors[c.service]))
+			}
+			w("| %s — %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n", c.id, c.label, c.kind,
+				float64(rts)*per, float64(cmds)*per, fmtDur(c.wallPerAll()), fl,
+				fmtDur(s.p50), fmtDur(s.p99), fmtDur(time.Duration(float64(c.cpu)*per)))
+		}
+	}
+
+	for _, c := range r.conns {
+		w("\n## Postgres connections for %d held locks\n\n", c.held)
+		if c.err != nil {
+			w("%s: failed: %v\n", c.label, c.err)
+			continue
+		}
+		w("Release p50 while the others are held, beside an uncontended Acquire+Release with nothing held (idle CPUs, from the table above).\n\n")
+		w("| case | held locks | connections | server max_connections | acquires/s (16 at a time) | Release p50 | p99 | uncontended Acquire+Release p50 |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| %s | %d | %d | %d | %.0f | %s | %s | %s |\n", c.label, c.held, c.conns, c.maxConns, c.rate,
+			fmtDur(c.release.p50), fmtDur(c.release.p99), fmtDur(r.p50(idPglock, idle)))
+	}
+
+	w("\n## Targets (p50 ratios)\n\n")
+	w("| target | %s | met |\n|---|%s---|\n", strings.Join(condNames(r.conditions()), " | "), strings.Repeat("---:|", len(r.conditions())))
+	for _, t := range r.targets() {
+		w("| %s |", t.what)
+		ok, seen := true, false
+		for _, cd := range r.conditions() {
+			v, good, known := t.eval(cd)
+			if !known {
+				w(" — |")
+				continue
+			}
+			ok, seen = ok && good, true
+			w(" %s |", v)
+		}
+		switch {
+		case !seen:
+			w(" — |\n")
+		case ok:
+			w(" yes |\n")
+		default:
+			w(" **no** |\n")
+		}
+	}
+	if ps := r.Problems(); len(ps) > 0 {
+		w("\n## Problems\n\n")
+		for _, p := range ps {
+			w("- %s\n", p)
+		}
+	}
+	if len(r.Down) > 0 {
+		w("\n## Skipped\n\n")
+		keys := make([]string, 0, len(r.Down))
+		for k := range r.Down {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			w("- %s unavailable: %v\n", k, r.Down[k])
+		}
+	}
+}
+
+// wallPerAll is the wall time of the passes it took to renew every lock
+// once.
+func (c *renewCase) wallPerAll() time.Duration {
+	if c.renewed == 0 {
+		return 0
+	}
+	var wall time.Duration
+	for _, p := range c.passes {
+		wall += p.d
+	}
+	return time.Duration(float64(wall) * float64(c.held) / float64(c.renewed))
+}
+
+func condNames(cs []cond) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.String())
+	}
+	return out
+}
+
+func (r *Result) contRow(b *strings.Builder, c *contCase, cd cond, mutex bool) {
+	if c.err != nil {
+		fmt.Fprintf(b, "| %s — %s | %s | failed: %v |\n", c.id, c.label, c.kind, c.err)
+		return
+	}
+	h, tput, mw, fewest, most := c.agg(cd)
+	excl := "held"
+	if c.overrun.Load() {
+		excl = "**VIOLATED**"
+	}
+	if !mutex {
+		fmt.Fprintf(b, "| %s — %s | %s | %.0f | %s | %d–%d | %d | %s |\n", c.id, c.label, c.kind, tput, fmtDur(mw), fewest, most, c.maxIn.Load(), excl)
+		return
+	}
+	rt, bp := "—", "—"
+	if c.rtt != "" {
+		rt = ratio(float64(h.p50), float64(r.p50(c.rtt, cd)))
+	}
+	if c.kind == oursKind {
+		if best := r.bestContPeer(groupOf(c.id), cd); best > 0 {
+			bp = ratio(tput, best)
+		}
+	}
+	fmt.Fprintf(b, "| %s — %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %d–%d | %s |\n", c.id, c.label, c.kind,
+		fmtDur(h.p50), fmtDur(h.p99), fmtDur(h.mean), rt, tput, bp, fmtDur(mw), fewest, most, excl)
+}
+
+// bestContPeer is the highest contended throughput of a peer in group.
+func (r *Result) bestContPeer(group string, cd cond) float64 {
+	var best float64
+	for _, c := range r.contended {
+		if c.kind == peerKind && c.err == nil && groupOf(c.id) == group {
+			_, t, _, _, _ := c.agg(cd)
+			best = max(best, t)
+		}
+	}
+	return best
+}
+
+// target is one of issue #9's goals, evaluated on the run.
+type target struct {
+	what string
+	eval func(cd cond) (shown string, met, known bool)
+}
+
+func (r *Result) targets() []target {
+	floorRatio := func(id, floor string, limit float64) func(cond) (string, bool, bool) {
+		return func(cd cond) (string, bool, bool) {
+			a, b := r.p50(id, cd), r.p50(floor, cd)
+			if a == 0 || b == 0 {
+				return "", false, false
+			}
+			x := float64(a) / float64(b)
+			return fmt.Sprintf("%.2f×", x), x <= limit, true
+		}
+	}
+	peerRatio := func(id string) func(cond) (string, bool, bool) {
+		return func(cd cond) (string, bool, bool) {
+			a := r.p50(id, cd)
+			best, b := r.bestPeer(groupOf(id), cd)
+			if a == 0 || b == 0 {
+				return "", false, false
+			}
+			x := float64(a) / float64(b)
+			return fmt.Sprintf("%.2f× %s", x, nameOf(best)), x <= 1, true
+		}
+	}
+	handoffRTs := func(id, rtt string, limit float64) func(cond) (string, bool, bool) {
+		return func(cd cond) (string, bool, bool) {
+			c := r.cont(id)
+			rt := r.p50(rtt, cd)
+			if c == nil || c.err != nil || rt == 0 || len(c.res[cd]) == 0 {
+				return "", false, false
+			}
+			h, _, _, _, _ := c.agg(cd)
+			x := float64(h.p50) / float64(rt)
+			return fmt.Sprintf("%s = %.1f RT", fmtDur(h.p50), x), x <= limit, true
+		}
+	}
+	return []target{
+		{"redislock acquire+release ≤ 1.1× raw lock", floorRatio(idRedislock, idRedisFloor, 1.1)},
+		{"pglock acquire+release ≤ 1.1× raw lock", floorRatio(idPglock, idPgFloor, 1.1)},
+		{"etcdlock acquire+release ≤ 1.2× raw lock", floorRatio(idEtcdlock, idEtcdFloor, 1.2)},
+		{"flock acquire+release ≤ 1.2× open+flock+close", floorRatio(idFlock, idFlockFloor, 1.2)},
+		{"redislock ≤ best peer", peerRatio(idRedislock)},
+		{"etcdlock ≤ best peer", peerRatio(idEtcdlock)},
+		{"flock ≤ best peer", peerRatio(idFlock)},
+		{"redislock hand-off p50 ≤ 2 round trips", handoffRTs(idRedislock, idPing, 2)},
+		{"pglock hand-off p50 ≤ 2 round trips", handoffRTs("postgres/pglock", idSelect1, 2)},
+		{"etcdlock hand-off p50 ≤ 1 ms", func(cd cond) (string, bool, bool) {
+			c := r.cont(idEtcdlock)
+			if c == nil || c.err != nil || len(c.res[cd]) == 0 {
+				return "", false, false
+			}
+			h, _, _, _, _ := c.agg(cd)
+			return fmtDur(h.p50), h.p50 <= time.Millisecond, true
+		}},
+		{"etcdlock contended throughput ≥ 50× concurrency.Mutex", func(cd cond) (string, bool, bool) {
+			a, b := r.cont(idEtcdlock), r.cont(idEtcdMutex)
+			if a == nil || b == nil || a.err != nil || b.err != nil || len(a.res[cd]) == 0 || len(b.res[cd]) == 0 {
+				return "", false, false
+			}
+			_, ta, _, _, _ := a.agg(cd)
+			_, tb, _, _, _ := b.agg(cd)
+			return fmt.Sprintf("%.1f×", ta/tb), ta >= 50*tb, true
+		}},
+	}
+}
+
+// Problems lists what went wrong: cases that failed and exclusion that did
+// not hold.
+func (r *Result) Problems() []string {
+	var ps []string
+	for _, c := range r.ops {
+		if c.err != nil {
+			ps = append(ps, fmt.Sprintf("uncontended %s: %v", c.id, c.err))
+		}
+	}
+	for _, group := range [][]*contCase{r.contended, r.semaphore} {
+		for _, c := range group {
+			if c.err != nil {
+				ps = append(ps, fmt.Sprintf("contended %s (limit %d): %v", c.id, c.limit, c.err))
+			}
+			if c.overrun.Load() {
+				ps = append(ps, fmt.Sprintf("contended %s (limit %d): more than %d holders at once", c.id, c.limit, c.limit))
+			}
+		}
+	}
+	for _, c := range r.renewal {
+		if c.err != nil {
+			ps = append(ps, fmt.Sprintf("renewal %s: %v", c.id, c.err))
+		}
+	}
+	for _, c := range r.conns {
+		if c.err != nil {
+			ps = append(ps, fmt.Sprintf("connections %s: %v", c.label, c.err))
+		}
+	}
+	return ps
+}
+
+// Counts reports how many measurements each case made, keyed by section,
+// condition and case id: a case that never ran is missing or zero.
+func (r *Result) Counts() map[string]int {
+	out := map[string]int{}
+	for _, cd := range r.conditions() {
+		for _, c := range r.ops {
+			out["uncontended/"+cd.String()+"/"+c.id] = c.summary(cd).n
+		}
+		for _, sec := range []struct {
+			name string
+			cs   []*contCase
+		}{{"contended", r.contended}, {"semaphore", r.semaphore}} {
+			for _, c := range sec.cs {
+				n := 0
+				for _, x := range c.res[cd] {
+					n += x.total
+				}
+				out[sec.name+"/"+cd.String()+"/"+c.id] = n
+			}
+		}
+	}
+	for _, c := range r.renewal {
+		out["renewal/"+c.id] = c.renewed
+	}
+	for _, c := range r.conns {
+		out["connections/postgres"] = c.conns
+	}
+	return out
+}

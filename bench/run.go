@@ -1,0 +1,218 @@
+// Package bench puts every lock backend of the family beside its floor
+// (the least its service or the kernel can do) and beside the libraries
+// users would otherwise pick, in one process and one run.
+//
+// Cases are interleaved: every round runs each case in turn (in a rotated
+// order), and the report shows the median over rounds of each round's
+// figures, so that noise on the machine hits every case alike. Nothing here
+// passes or fails on absolute time; the report states ratios.
+//
+// The command is cmd/bench (make bench); TestShort runs every case for a
+// handful of iterations so that the benchmark cannot rot. docs/benchmarks.md
+// holds the method and a recent run.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"regexp"
+	"runtime/metrics"
+	"time"
+)
+
+// Config sizes a run.
+type Config struct {
+	Rounds   int            // interleaved rounds of the uncontended cases
+	Batch    time.Duration  // time per uncontended case per round and condition
+	MinOps   int            // at least this many operations per batch
+	MaxOps   int            // at most this many operations per batch
+	Warmup   int            // untimed operations per case before the first round
+	Waiters  int            // contenders on one name
+	Permits  int            // semaphore size for the semaphore cases
+	Contend  time.Duration  // time per contended case per round and condition
+	CRounds  int            // rounds of the contended and semaphore cases
+	Held     int            // locks held for the renewal and connection cases
+	RRounds  int            // rounds of the renewal cases
+	PeerPoll time.Duration  // retry interval of the peers that poll while waiting
+	NoBusy   bool           // skip the busy condition
+	Only     *regexp.Regexp // run only the cases whose "section/id" matches (uncontended/redis/PING, renewal/etcd/etcdlock, ...); nil: all
+	Log      io.Writer      // progress; nil: none
+}
+
+// want reports whether the case id of section runs.
+func (c Config) want(section, id string) bool {
+	return c.Only == nil || c.Only.MatchString(section+"/"+id)
+}
+
+// DefaultConfig is what make bench runs: about two and a half minutes on
+// two cores.
+func DefaultConfig() Config {
+	return Config{
+		Rounds: 7, Batch: 120 * time.Millisecond, MinOps: 20, MaxOps: 20000, Warmup: 20,
+		Waiters: 8, Permits: 4, Contend: 400 * time.Millisecond, CRounds: 3,
+		Held: 10000, RRounds: 3, PeerPoll: time.Millisecond,
+	}
+}
+
+// ShortConfig runs every case for a handful of iterations: a check that
+// the benchmark works, not a measurement.
+func ShortConfig() Config {
+	return Config{
+		Rounds: 2, Batch: time.Millisecond, MinOps: 3, MaxOps: 5, Warmup: 1,
+		Waiters: 8, Permits: 4, Contend: 60 * time.Millisecond, CRounds: 1,
+		Held: 200, RRounds: 1, PeerPoll: time.Millisecond,
+	}
+}
+
+// Conditions under which the latency cases run.
+type cond int
+
+const (
+	idle cond = iota // nothing else runs: CPUs may sleep while a client waits
+	busy             // a lowest-priority busy loop keeps the CPUs awake
+	numConds
+)
+
+func (c cond) String() string { return [...]string{"idle", "busy"}[c] }
+
+// Result is one run.
+type Result struct {
+	Config    Config
+	Machine   Machine
+	Down      map[string]error // services that could not be reached
+	Elapsed   time.Duration
+	BusyNote  string // why the busy condition is missing, if it is
+	ops       []*opCase
+	contended []*contCase
+	semaphore []*contCase
+	renewal   []*renewCase
+	conns     []*connCase
+}
+
+// Run measures everything whose service is reachable.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	start := time.Now()
+	e, err := newEnv(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer e.shutdown()
+	r := &Result{Config: cfg, Machine: e.machine(ctx), Down: e.down}
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, "%6.1fs  "+format+"\n", append([]any{time.Since(start).Seconds()}, args...)...)
+		}
+	}
+	for s, err := range e.down {
+		logf("%s unavailable, its cases are skipped: %v", s, err)
+	}
+
+	var sp *spinner
+	if !cfg.NoBusy {
+		if sp, err = startSpinner(); err != nil {
+			r.BusyNote = err.Error()
+		} else {
+			defer sp.stop()
+		}
+	} else {
+		r.BusyNote = "turned off (-busy=false)"
+	}
+
+	logf("setting up")
+	m := e.mark()
+	r.ops = append(r.ops, casesMemory(e)...)
+	r.ops = append(r.ops, casesFile(e)...)
+	r.ops = append(r.ops, casesRedis(ctx, e)...)
+	r.ops = append(r.ops, casesPostgres(ctx, e)...)
+	r.ops = append(r.ops, casesEtcd(ctx, e)...)
+	r.ops = filter(r.ops, func(c *opCase) bool { return cfg.want("uncontended", c.id) })
+	logf("uncontended: %d cases × %d rounds", len(r.ops), cfg.Rounds)
+	runOps(ctx, r.ops, cfg, sp)
+	e.closeFrom(m)
+
+	r.contended = filter(contendedCases(ctx, e, 1), func(c *contCase) bool { return cfg.want("contended", c.id) })
+	r.semaphore = filter(contendedCases(ctx, e, cfg.Permits), func(c *contCase) bool { return cfg.want("semaphore", c.id) })
+	logf("contended: %d mutex and %d semaphore cases × %d rounds", len(r.contended), len(r.semaphore), cfg.CRounds)
+	runContended(ctx, append(append([]*contCase{}, r.contended...), r.semaphore...), cfg, sp)
+	e.closeFrom(m)
+
+	logf("renewal of %d held locks", cfg.Held)
+	r.renewal = runRenewal(ctx, e, logf)
+	logf("connections for %d held Postgres locks", cfg.Held)
+	r.conns = runConns(ctx, e)
+	r.Elapsed = time.Since(start)
+	r.Machine.Load[1] = loadAvg()
+	logf("done")
+	return r, nil
+}
+
+func filter[T any](xs []T, keep func(T) bool) []T {
+	var out []T
+	for _, x := range xs {
+		if keep(x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// conds lists the conditions a run measures, in the order of round r
+// (alternating, so that neither always goes first).
+func conds(sp *spinner, r int) []cond {
+	if sp == nil {
+		return []cond{idle}
+	}
+	if r%2 == 1 {
+		return []cond{busy, idle}
+	}
+	return []cond{idle, busy}
+}
+
+var allocMetric = []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+
+func heapObjects() uint64 {
+	metrics.Read(allocMetric)
+	return allocMetric[0].Value.Uint64()
+}
+
+// runOps runs every case cfg.Rounds times in each condition, rotating the
+// order each round.
+func runOps(ctx context.Context, cases []*opCase, cfg Config, sp *spinner) {
+	for _, c := range cases {
+		for i := 0; i < cfg.Warmup && c.err == nil; i++ {
+			c.err = c.op(ctx)
+		}
+	}
+	for r := 0; r < cfg.Rounds; r++ {
+		for _, cd := range conds(sp, r) {
+			sp.set(cd == busy)
+			for i := range cases {
+				c := cases[(i+r)%len(cases)]
+				if c.err == nil {
+					c.batch(ctx, cd, cfg)
+				}
+			}
+		}
+	}
+	sp.set(false)
+}
+
+func (c *opCase) batch(ctx context.Context, cd cond, cfg Config) {
+	inner := max(c.inner, 1)
+	samples := make([]time.Duration, 0, 256)
+	a0 := heapObjects()
+	start := time.Now()
+	for len(samples) < cfg.MinOps || len(samples) < cfg.MaxOps && time.Since(start) < cfg.Batch {
+		t0 := time.Now()
+		for j := 0; j < inner; j++ {
+			if err := c.op(ctx); err != nil {
+				c.err = err
+				return
+			}
+		}
+		samples = append(samples, time.Since(t0)/time.Duration(inner))
+	}
+	allocs := float64(heapObjects()-a0) / float64(len(samples)*inner)
+	c.res[cd] = append(c.res[cd], roundRes{s: summarize(samples), allocs: allocs})
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/contrib/gocronlock"
+	"github.com/ubgo/lock/examples/internal/exampletest"
+	"github.com/ubgo/lock/examples/internal/replica"
+)
+
+// TestScenario runs three real gocron schedulers started 0, 50 and 100ms
+// apart, a job every 800ms and a 400ms hold (sized for a loaded machine),
+// until every replica fired four ticks. Each tick must have run exactly once, and every skip must be
+// contention (ErrLocked), not a backend failure. On filelock (no
+// infrastructure) and redislock (the backend the scenario's code uses).
+func TestScenario(t *testing.T) {
+	exampletest.ForEach(t, []string{replica.Filelock, replica.Redis}, func(t *testing.T, c *replica.Cluster) {
+		cfg := config{
+			Skews:    []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond},
+			Interval: 800 * time.Millisecond, Hold: 400 * time.Millisecond, Ticks: 4, Work: 20 * time.Millisecond,
+		}
+		res, err := run(exampletest.Context(t), c, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for tick := 1; tick <= cfg.Ticks; tick++ {
+			if n := len(res.Runs[tick]); n != 1 {
+				t.Errorf("tick %d ran on replicas %v, want exactly one", tick, res.Runs[tick])
+			}
+		}
+		for tick, who := range res.Runs {
+			if len(who) > 1 {
+				t.Errorf("tick %d ran on replicas %v", tick, who)
+			}
+		}
+		for _, err := range res.LockErrs {
+			if !errors.Is(err, lock.ErrLocked) || !errors.Is(err, gocronlock.ErrLocked) {
+				t.Errorf("a skip that is not contention: %v", err)
+			}
+		}
+		t.Logf("runs %v, fires %v", res.Runs, res.Fires)
+	})
+}
