@@ -121,3 +121,20 @@ func Locker[H lock.Holder](acquire func(ctx context.Context, name string) (H, er
 		return h, nil
 	})
 }
+
+// Resolve applies a call's options over a factory's defaults (dflt, and
+// dfltErr, the error of the factory's own options, reported by every call),
+// then the backend's own check (may be nil), then the name's validity.
+func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, check func(*lock.Options) error) (lock.Options, error) {
+	if dfltErr != nil {
+		return dflt, dfltErr
+	}
+	o, err := lock.Apply(dflt, opts...)
+	if err == nil && check != nil {
+		err = check(&o)
+	}
+	if err != nil {
+		return o, err
+	}
+	return o, lock.ValidateName(name)
+}

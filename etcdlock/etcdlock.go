@@ -139,17 +139,7 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	if f.err != nil {
-		return f.opts, f.err
-	}
-	o, err := lock.Apply(f.opts, opts...)
-	if err == nil {
-		err = checkTTL(o.TTL)
-	}
-	if err != nil {
-		return o, err
-	}
-	return o, lock.ValidateName(name)
+	return backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
 }
 
 // WithLock runs fn while holding name; see lock.WithLock.

@@ -165,17 +165,7 @@ func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []O
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	if f.err != nil {
-		return f.opts, f.err
-	}
-	o, err := lock.Apply(f.opts, opts...)
-	if err != nil {
-		return o, err
-	}
-	if err := validate(&o); err != nil {
-		return o, err
-	}
-	return o, lock.ValidateName(name)
+	return backend.Resolve(f.opts, f.err, name, opts, validate)
 }
 
 // dir returns the absolute lock directory of o, creating it on first use.

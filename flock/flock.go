@@ -221,17 +221,14 @@ func resolveDir(dir string) (string, error) {
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	if f.err != nil {
-		return f.opts, f.err
-	}
-	o, err := lock.Apply(f.opts, opts...)
-	if err != nil {
-		return o, err
-	}
+	return backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+}
+
+func checkPermits(o *lock.Options) error {
 	if o.MaxConcurrent > MaxPermits {
-		return o, fmt.Errorf("%w: flock: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
+		return fmt.Errorf("%w: flock: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
 	}
-	return o, lock.ValidateName(name)
+	return nil
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {

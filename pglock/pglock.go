@@ -205,17 +205,7 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	if f.err != nil {
-		return f.opts, f.err
-	}
-	o, err := lock.Apply(f.opts, opts...)
-	if err != nil {
-		return o, err
-	}
-	if err := checkCall(&o); err != nil {
-		return o, err
-	}
-	return o, lock.ValidateName(name)
+	return backend.Resolve(f.opts, f.err, name, opts, checkCall)
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. fn's context is

@@ -230,17 +230,7 @@ func leaseOf(o *lock.Options) lease {
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	if f.err != nil {
-		return f.opts, f.err
-	}
-	o, err := lock.Apply(f.opts, opts...)
-	if err == nil {
-		err = checkTTL(o.TTL)
-	}
-	if err != nil {
-		return o, err
-	}
-	return o, lock.ValidateName(name)
+	return backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
