@@ -18,6 +18,12 @@ bench:
 	-scripts/services.sh up
 	cd bench && go run ./cmd/bench $(BENCHFLAGS)
 
+# Every backend under random faults for a few minutes (~7 min in all);
+# prints a table per backend. Method and results: docs/design/chaos.md.
+chaos:
+	scripts/services.sh up
+	cd chaos && CHAOS_LONG=1 go test -count=1 -timeout 20m -run '^TestChaos$$' -v .
+
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 

@@ -69,11 +69,14 @@ func checkTTL(d time.Duration) error {
 	if d == 0 {
 		return nil
 	}
-	if d < time.Second || d%time.Second != 0 {
-		return fmt.Errorf("etcdlock: %w: WithTTL(%v): etcd leases are whole seconds, at least 1s", lock.ErrInvalidOption, d)
+	if d < time.Second || d%time.Second != 0 || d > maxTTL {
+		return fmt.Errorf("etcdlock: %w: WithTTL(%v): etcd leases are whole seconds, from 1s to %v", lock.ErrInvalidOption, d, maxTTL)
 	}
 	return nil
 }
+
+// maxTTL is the longest lease etcd grants (its MaxLeaseTTL).
+const maxTTL = 9_000_000_000 * time.Second
 
 func ttlOf(o *lock.Options) time.Duration {
 	if o.TTL == 0 {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ubgo/lock"
 )
@@ -166,8 +167,8 @@ const MaxPermits = 1024
 // checkCall validates what the root does not: a prefix is hashed with NUL
 // separators, so it must not contain NUL itself; the permits are bounded.
 func checkCall(o *lock.Options) error {
-	if strings.IndexByte(o.KeyPrefix, 0) >= 0 {
-		return fmt.Errorf("%w: pglock.WithKeyPrefix: contains NUL", lock.ErrInvalidOption)
+	if strings.IndexByte(o.KeyPrefix, 0) >= 0 || !utf8.ValidString(o.KeyPrefix) {
+		return fmt.Errorf("%w: pglock.WithKeyPrefix: must be UTF-8 without NUL (it is stored as text)", lock.ErrInvalidOption)
 	}
 	if o.MaxConcurrent > MaxPermits {
 		return fmt.Errorf("%w: WithMaxConcurrent(%d): pglock allows at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)

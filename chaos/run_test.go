@@ -1,0 +1,532 @@
+//go:build linux
+
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
+)
+
+// setupErr records a failure of the harness itself (not of the backend):
+// it fails the run as a violation.
+func (r *run) setupErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.crashes = append(r.crashes, "harness: "+err.Error())
+}
+
+// slack is added to every documented bound before it is checked: the
+// machine is small, shared and runs the race detector.
+const slack = 3 * time.Second
+
+type runConfig struct {
+	duration time.Duration // of the fault phase
+	clients  int
+	seed     uint64
+	csWork   time.Duration // longest pause inside a critical section
+	gap      time.Duration // longest quiet time between two faults
+}
+
+// fault is one injected fault, as the parent saw it.
+type fault struct {
+	kind       string
+	target     int // client id, or -1
+	targetHeld bool
+	start, end int64
+	detail     string
+	skipped    bool // no client was in the state the fault needs
+	// first acquire (by anyone) that returned after start, and after end;
+	// 0 if none came within the bound.
+	afterStart, afterEnd int64
+}
+
+type run struct {
+	t      *testing.T
+	b      *backendDef
+	cfg    runConfig
+	id     string // unique per run: key prefixes, application names
+	name   string // the lock name every client takes
+	work   string // register, histories, server data
+	env    []string
+	custom map[string]func() fault
+	inproc func() (lock.Locker, func(), error)
+	rng    *rand.Rand
+
+	mu       sync.Mutex
+	procs    map[int]*proc
+	nextID   int
+	acqs     []int64        // acquire-return times clients reported
+	kills    map[int]int64  // client → when SIGKILL was sent
+	stops    map[int][]span // client → when it was stopped
+	crashes  []string       // clients that died by themselves
+	hung     []string       // clients that did not exit when told
+	faults   []fault
+	stopping bool
+}
+
+type span struct{ from, to int64 }
+
+type proc struct {
+	id     int
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	c      *client       // in-process client
+	stop   chan struct{} // in-process client
+	exited chan struct{}
+
+	mu     sync.Mutex
+	state  string // starting, ready, wait, held, free, bye
+	pid    int    // pglock backend pid while held
+	killed bool
+}
+
+func (p *proc) setState(s string, pid int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.state, p.pid = s, pid
+}
+
+func (p *proc) getState() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state
+}
+
+func (p *proc) pgPID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid
+}
+
+func newRun(t *testing.T, b *backendDef, cfg runConfig) *run {
+	r := &run{t: t, b: b, cfg: cfg,
+		id:     fmt.Sprintf("%s-%d-%x", b.name, cfg.seed, time.Now().UnixNano()&0xffffff),
+		work:   t.TempDir(),
+		custom: map[string]func() fault{},
+		rng:    rand.New(rand.NewPCG(cfg.seed, 0xc4a05)),
+		procs:  map[int]*proc{}, kills: map[int]int64{}, stops: map[int][]span{},
+	}
+	t.Cleanup(func() {
+		for _, p := range r.live() {
+			if p.cmd != nil {
+				p.cmd.Process.Signal(syscall.SIGCONT)
+				p.cmd.Process.Kill()
+			}
+		}
+	})
+	// A name with the characters that need escaping, so every run also
+	// goes through each backend's mapping.
+	r.name = "chaos/" + r.id + ":register.0"
+	return r
+}
+
+func (r *run) mkdir(sub string) string {
+	d := filepath.Join(r.work, sub)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	return d
+}
+
+func (r *run) getenv(k string) string {
+	for i := len(r.env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(r.env[i], k+"="); ok {
+			return v
+		}
+	}
+	return os.Getenv(k)
+}
+
+// spawn starts one more client.
+func (r *run) spawn() {
+	r.mu.Lock()
+	if r.stopping {
+		r.mu.Unlock()
+		return
+	}
+	id := r.nextID
+	r.nextID++
+	p := &proc{id: id, state: "starting", exited: make(chan struct{})}
+	r.procs[id] = p
+	r.mu.Unlock()
+
+	if r.b.inProcess {
+		r.spawnInProcess(p)
+		return
+	}
+	env := append(slices.Clone(r.env),
+		envBackend+"="+r.b.name, envClient+"="+strconv.Itoa(id), envWork+"="+r.work,
+		envName+"="+r.name, envSeed+"="+strconv.FormatUint(r.cfg.seed, 10), envCSWork+"="+r.cfg.csWork.String())
+	cmd := testenv.Command(r.t, "chaos-client", "TestChaos", env...)
+	// A client dies with the parent, even a stopped one whose stdin
+	// closing would not wake it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := os.Create(filepath.Join(r.work, fmt.Sprintf("client-%d.stderr", id)))
+	if err == nil {
+		cmd.Stderr = stderr
+		defer stderr.Close()
+	}
+	p.stdin, _ = cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err == nil {
+		err = cmd.Start()
+	}
+	if err != nil {
+		// Called from the goroutine that saw a client exit, too: record,
+		// do not Fatal.
+		r.mu.Lock()
+		r.crashes = append(r.crashes, fmt.Sprintf("client %d could not start: %v", id, err))
+		r.mu.Unlock()
+		close(p.exited)
+		return
+	}
+	p.cmd = cmd
+	lines := make(chan struct{})
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			r.heard(p, sc.Text())
+		}
+	}()
+	go func() {
+		<-lines
+		err := cmd.Wait()
+		p.setState("bye", 0)
+		close(p.exited)
+		r.mu.Lock()
+		stopping := r.stopping
+		p.mu.Lock()
+		killed := p.killed
+		p.mu.Unlock()
+		if err != nil && !killed {
+			tail, _ := os.ReadFile(filepath.Join(r.work, fmt.Sprintf("client-%d.stderr", id)))
+			if len(tail) > 2000 {
+				tail = tail[len(tail)-2000:]
+			}
+			r.crashes = append(r.crashes, fmt.Sprintf("client %d: %v: %s", id, err, tail))
+		}
+		r.mu.Unlock()
+		if !stopping {
+			r.spawn() // keep the number of contenders
+		}
+	}()
+}
+
+func (r *run) spawnInProcess(p *proc) {
+	locker, closeFn, err := r.inproc()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	hist, err := openHistory(historyPath(r.work, p.id))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	reg, err := openRegister(r.work, p.id)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	hist.add(hev{K: "start", PID: os.Getpid(), T1: now()})
+	p.c = &client{id: p.id, name: r.name, locker: locker, reg: reg, hist: hist,
+		rng: rand.New(rand.NewPCG(r.cfg.seed, uint64(p.id))), work: r.cfg.csWork,
+		say: func(format string, args ...any) { r.heard(p, fmt.Sprintf(format, args...)) }}
+	p.stop = make(chan struct{})
+	p.setState("ready", 0)
+	go func() {
+		defer close(p.exited)
+		p.c.run(p.stop)
+		closeFn()
+		reg.close()
+		hist.f.Close()
+		p.setState("bye", 0)
+	}()
+}
+
+// heard handles a progress line of a client.
+func (r *run) heard(p *proc, line string) {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return
+	}
+	switch f[0] {
+	case "held":
+		var t int64
+		var pid int
+		if len(f) >= 4 {
+			t, _ = strconv.ParseInt(f[2], 10, 64)
+			pid, _ = strconv.Atoi(f[3])
+		}
+		p.setState("held", pid)
+		r.mu.Lock()
+		r.acqs = append(r.acqs, t)
+		r.mu.Unlock()
+	case "wait", "free", "ready", "bye":
+		p.setState(f[0], 0)
+	}
+}
+
+func (r *run) live() []*proc {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ps []*proc
+	for _, p := range r.procs {
+		select {
+		case <-p.exited:
+		default:
+			ps = append(ps, p)
+		}
+	}
+	slices.SortFunc(ps, func(a, b *proc) int { return a.id - b.id })
+	return ps
+}
+
+// pick returns a live client in state, chosen by the seeded generator,
+// waiting up to 500ms for one; nil if none.
+func (r *run) pick(state string) *proc {
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for {
+		var in []*proc
+		for _, p := range r.live() {
+			if p.getState() == state {
+				in = append(in, p)
+			}
+		}
+		if len(in) > 0 {
+			return in[r.rng.IntN(len(in))]
+		}
+		if time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (r *run) pickHolder() *proc { return r.pick("held") }
+
+// inject applies one fault of kind and returns what was done.
+func (r *run) inject(kind string) fault {
+	if fn := r.custom[kind]; fn != nil {
+		f := fn()
+		if f.kind == "" {
+			f.kind = kind
+		}
+		if f.target == 0 && !f.targetHeld {
+			f.target = -1
+		}
+		return f
+	}
+	f := fault{kind: kind, target: -1}
+	switch kind {
+	case fKill:
+		p := r.pickHolder()
+		if p == nil {
+			f.detail, f.skipped = "no holder", true
+			f.start, f.end = now(), now()
+			return f
+		}
+		f.target, f.targetHeld = p.id, true
+		p.mu.Lock()
+		p.killed = true
+		p.mu.Unlock()
+		f.start = now()
+		r.mu.Lock()
+		r.kills[p.id] = f.start
+		r.mu.Unlock()
+		p.cmd.Process.Kill()
+		<-p.exited
+		f.end = now()
+	case fStop:
+		p := r.pickHolder()
+		if p == nil {
+			f.detail, f.skipped = "no holder", true
+			f.start, f.end = now(), now()
+			return f
+		}
+		f.target, f.targetHeld = p.id, true
+		f.start = now()
+		p.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(r.b.stopFor)
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		f.end = now()
+		r.mu.Lock()
+		r.stops[p.id] = append(r.stops[p.id], span{f.start, f.end})
+		r.mu.Unlock()
+	case fCancel:
+		p := r.pick("wait")
+		f.start = now()
+		if p != nil {
+			f.target = p.id
+			if p.c != nil {
+				p.c.cancelWait()
+			} else {
+				p.cmd.Process.Signal(syscall.SIGUSR1)
+			}
+		} else {
+			f.detail, f.skipped = "no waiter", true
+		}
+		f.end = now()
+	default:
+		r.t.Fatalf("fault %q not available for %s", kind, r.b.name)
+	}
+	return f
+}
+
+// firstAcqAfter returns the first acquire reported to have returned after
+// t, waiting until deadline for one; 0 if none.
+func (r *run) firstAcqAfter(t int64, deadline time.Time) int64 {
+	for {
+		r.mu.Lock()
+		var first int64
+		for _, a := range r.acqs {
+			if a > t && (first == 0 || a < first) {
+				first = a
+			}
+		}
+		r.mu.Unlock()
+		if first != 0 || time.Now().After(deadline) {
+			return first
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// faultPhase injects faults on the seeded schedule until the phase's
+// duration is over: every kind once in a shuffled order, then at random.
+func (r *run) faultPhase() {
+	end := time.Now().Add(r.cfg.duration)
+	time.Sleep(500 * time.Millisecond) // let every client start
+	var queue []string
+	kinds := slices.Compact(slices.Sorted(slices.Values(r.b.faults)))
+	queue = append(queue, kinds...)
+	r.rng.Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+	bound := r.b.recover + slack
+	for time.Now().Before(end) {
+		var kind string
+		if len(queue) > 0 {
+			kind, queue = queue[0], queue[1:]
+		} else {
+			kind = r.b.faults[r.rng.IntN(len(r.b.faults))]
+		}
+		f := r.inject(kind)
+		// Wait for the next acquire before the next fault, so that each
+		// unavailability belongs to one fault.
+		f.afterEnd = r.firstAcqAfter(f.end, time.Now().Add(bound+2*time.Second))
+		f.afterStart = r.firstAcqAfter(f.start, time.Now())
+		r.mu.Lock()
+		r.faults = append(r.faults, f)
+		r.mu.Unlock()
+		time.Sleep(time.Duration(r.rng.Int64N(int64(r.cfg.gap))))
+	}
+}
+
+// finish stops every client: each finishes its critical section and
+// exits. A client that does not exit within 20s is killed and reported.
+func (r *run) finish() {
+	r.mu.Lock()
+	r.stopping = true
+	r.mu.Unlock()
+	for _, p := range r.live() {
+		if p.c != nil {
+			close(p.stop)
+		} else {
+			p.cmd.Process.Signal(syscall.SIGCONT)
+			p.stdin.Close()
+		}
+	}
+	deadline := time.After(20 * time.Second)
+	for _, p := range r.live() {
+		select {
+		case <-p.exited:
+		case <-deadline:
+			r.mu.Lock()
+			r.hung = append(r.hung, fmt.Sprintf("client %d (state %s) did not exit 20s after being told", p.id, p.getState()))
+			r.mu.Unlock()
+			if p.cmd != nil {
+				p.mu.Lock()
+				p.killed = true
+				p.mu.Unlock()
+				p.cmd.Process.Kill()
+				<-p.exited
+			}
+		}
+	}
+}
+
+// probe is check 4's last step: with every fault over and every client
+// gone, a fresh contender gets the lock within the documented bound.
+func (r *run) probe() (time.Duration, error) {
+	var locker lock.Locker
+	var closeFn func()
+	var err error
+	if r.b.inProcess {
+		locker, closeFn, err = r.inproc()
+	} else {
+		locker, closeFn, err = r.b.client(r.getenv)
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), r.b.recover+slack)
+	defer cancel()
+	start := time.Now()
+	h, err := locker.Acquire(ctx, r.name)
+	if err != nil {
+		return time.Since(start), err
+	}
+	d := time.Since(start)
+	return d, h.Release()
+}
+
+// execute runs the whole experiment and returns its analysis.
+func (r *run) execute() *report {
+	if err := r.b.setup(r); err != nil {
+		if u, ok := err.(unavailable); ok {
+			testenv.Unavailable(r.t, u.service, u.err)
+		}
+		r.t.Fatal(err)
+	}
+	for i := 0; i < r.cfg.clients; i++ {
+		r.spawn()
+	}
+	started := time.Now()
+	r.faultPhase()
+	r.finish()
+	elapsed := time.Since(started)
+	r.writeFaultLog()
+	pd, perr := r.probe()
+	rep := analyse(r)
+	rep.elapsed = elapsed
+	rep.probe, rep.probeErr = pd, perr
+	if perr != nil {
+		rep.violate("recovery", "final probe: no lock within %v after the faults stopped: %v", r.b.recover+slack, perr)
+	}
+	return rep
+}
+
+// writeFaultLog keeps the schedule beside the histories, for reading a
+// failed run.
+func (r *run) writeFaultLog() {
+	var b strings.Builder
+	for _, f := range r.faults {
+		fmt.Fprintf(&b, "%s target=%d held=%v start=%d end=%d afterStart=%d afterEnd=%d %s\n",
+			f.kind, f.target, f.targetHeld, f.start, f.end, f.afterStart, f.afterEnd, f.detail)
+	}
+	os.WriteFile(filepath.Join(r.work, "faults.log"), []byte(b.String()), 0o644)
+}
