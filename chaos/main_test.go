@@ -113,10 +113,7 @@ func keep(t *testing.T, dir string) string {
 // backend's owner, by backend and kind, with the reference. Until fixed
 // they are logged, not failed; CHAOS_STRICT=1 fails on them too.
 var known = map[string]map[string]string{
-	"flock":  {"sweep": "flock: a non-waiting Acquire of a free name returns ErrLocked while a background sweep holds the name's lock file (see docs/design/chaos.md, Findings, and TestFlockSweepNoSpuriousErrLocked)"},
-	"pglock": {"prefix": "pglock: WithKeyPrefix with invalid UTF-8 (no NUL) is accepted, and a semaphore Acquire under it fails with the server's SQLSTATE 22021 instead of ErrInvalidOption (testdata/fuzz/FuzzOptions/596ac2e9f3cbd2c7; see docs/design/chaos.md, Findings)"},
-	"etcdlock": {"ttl": "etcdlock: WithTTL above etcd's largest lease (9e9 s) passes validation and Acquire fails with \"etcdserver: too large lease TTL\" instead of ErrInvalidOption (see docs/design/chaos.md, Findings)",
-		"cancel": "etcdlock: a WithWait Acquire whose ctx ends while a transaction is in flight (or while the lease or watch is set up) returns the bare ctx error instead of lock.WaitError (matching ErrLocked); see docs/design/chaos.md, Findings, and TestCancelledWaitMatchesErrLocked"},
+	"flock": {"sweep": "flock: a non-waiting Acquire of a free name returns ErrLocked while a background sweep holds the name's lock file (see docs/design/chaos.md, Findings, and TestFlockSweepNoSpuriousErrLocked)"},
 }
 
 func strict() bool { return os.Getenv("CHAOS_STRICT") == "1" }

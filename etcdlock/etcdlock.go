@@ -287,6 +287,10 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 			}
 			continue
 		}
+		if err != nil && q.wait && ctx.Err() != nil && !errors.Is(err, lock.ErrLocked) {
+			// The wait ended with ctx while a request was in flight.
+			err = lock.NewWaitError(ErrLocked, ctx)
+		}
 		return h, waited(), err
 	}
 }
