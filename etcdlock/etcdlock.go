@@ -257,8 +257,15 @@ func (f *Factory) mismatch(q *queue, held int) error {
 // new key.
 var errRequeue = errors.New("etcdlock: queue entry vanished")
 
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (_ *Holder, _ time.Duration, err error) {
 	q := newQueue(name, o)
+	defer func() {
+		// A wait that ends with ctx — mid-request, or while the lease or
+		// the watch is set up — gave up waiting: say so, as every backend does.
+		if err != nil && q.wait && ctx.Err() != nil && !errors.Is(err, lock.ErrLocked) {
+			err = lock.NewWaitError(ErrLocked, ctx)
+		}
+	}()
 	var waitStart time.Time
 	waited := func() time.Duration {
 		if waitStart.IsZero() {
@@ -286,10 +293,6 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 				return nil, waited(), err
 			}
 			continue
-		}
-		if err != nil && q.wait && ctx.Err() != nil && !errors.Is(err, lock.ErrLocked) {
-			// The wait ended with ctx while a request was in flight.
-			err = lock.NewWaitError(ErrLocked, ctx)
 		}
 		return h, waited(), err
 	}
