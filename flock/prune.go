@@ -237,6 +237,13 @@ func pruneName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) 
 	if err != nil {
 		return false, fmt.Errorf("flock: %w", err)
 	}
+	if valid && !rec.dead && rec.limit > 1 {
+		// Semaphores are not swept: removing a name's files while
+		// permit holders come and go over-admitted in
+		// TestProcessesSemaphoreNeverOverAdmit. Their files are bounded
+		// by the limit (n slot files, a guard and the lock file per name).
+		return false, nil
+	}
 	if valid && !rec.dead {
 		// Used since the listing? The lock file is written on every
 		// acquire.
