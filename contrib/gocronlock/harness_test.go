@@ -2,6 +2,7 @@ package gocronlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -57,6 +58,9 @@ type tally struct {
 	base time.Time                  // tick 0 of duration jobs
 	runs map[string]map[int64][]int // job -> tick -> replicas that ran it
 	errs map[string][]error         // job -> AfterLockError errors
+	// stopping is set when the cluster starts shutting down: gocron then
+	// cancels the context of lock attempts in flight, which is no error.
+	stopping bool
 }
 
 func newTally(base time.Time) *tally {
@@ -83,6 +87,9 @@ func (c *tally) ran(job string, tick int64, replica int) {
 func (c *tally) lockErr(job string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.stopping && errors.Is(err, context.Canceled) {
+		return
+	}
 	c.errs[job] = append(c.errs[job], err)
 }
 
@@ -189,6 +196,9 @@ func (c *cluster) stop(i int) {
 
 // shutdown stops every replica at once.
 func (c *cluster) shutdown() {
+	c.tally.mu.Lock()
+	c.tally.stopping = true
+	c.tally.mu.Unlock()
 	var wg sync.WaitGroup
 	for i := range c.scheds {
 		wg.Add(1)
