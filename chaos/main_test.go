@@ -113,7 +113,6 @@ func keep(t *testing.T, dir string) string {
 // backend's owner, by backend and kind, with the reference. Until fixed
 // they are logged, not failed; CHAOS_STRICT=1 fails on them too.
 var known = map[string]map[string]string{
-	"flock": {"sweep": "flock: a non-waiting Acquire of a free name returns ErrLocked while a background sweep holds the name's lock file (see docs/design/chaos.md, Findings, and TestFlockSweepNoSpuriousErrLocked)"},
 }
 
 func strict() bool { return os.Getenv("CHAOS_STRICT") == "1" }

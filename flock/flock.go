@@ -281,6 +281,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		began     time.Time
 		backoff   time.Duration
 		ceiling   = maxPoll
+		swept     int
 	)
 	defer func() {
 		if q != nil {
@@ -314,6 +315,12 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 			}
 			return nil, waited(), err
 		case !o.Wait:
+			// A sweep holds names' files for moments: a name it held is
+			// not busy (see Factory.Prune).
+			if swept < sweepRetries && afterSweep(ctx, dir) {
+				swept++
+				continue
+			}
 			return nil, 0, ErrLocked
 		case q == nil:
 			// Subscribe, then try again at once: a release between the

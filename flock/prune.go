@@ -26,6 +26,12 @@ import (
 // file and locks it afterwards finds it dead and opens the path again, so
 // no two processes ever hold two different files of one name; the name's
 // next counter starts above the fence.
+//
+// While it holds a name's lock file the sweeper also holds the exclusive
+// lock of the directory's ubgo-flock.sweep, so an Acquire without WithWait
+// that finds a name busy can tell a sweep from a holder: it waits for the
+// sweep to let go and tries again instead of reporting ErrLocked for a
+// name nobody holds.
 func (f *Factory) Prune(ctx context.Context, idle time.Duration) (int, error) {
 	if f.err != nil {
 		return 0, f.err
@@ -130,6 +136,12 @@ func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
 	}
 	removed := 0
 	var errs []error
+	sweep := noFile
+	defer func() {
+		if sweep != noFile {
+			sysClose(sweep)
+		}
+	}()
 	for _, esc := range slices.Sorted(maps.Keys(names)) {
 		if err := ctx.Err(); err != nil {
 			return removed, err
@@ -138,7 +150,17 @@ func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
 		if time.Since(n.newest) < idle {
 			continue
 		}
+		if sweep == noFile {
+			if sweep, err = sysOpen(dir+string(os.PathSeparator)+sweepFile, true, true); err != nil {
+				sweep = noFile
+				return removed, fmt.Errorf("flock: %w", err)
+			}
+		}
+		if err := lockSpin(ctx, sweep, true); err != nil {
+			return removed, err
+		}
 		ok, err := pruneName(dir, esc, n, idle)
+		sysUnlock(sweep)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -153,6 +175,28 @@ func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
 // token of any name pruned from it. It is not a name's file: every name's
 // file ends in .lock or .guard.
 const fenceFile = "ubgo-flock.fence"
+
+// sweepFile is locked exclusively by a sweeper for as long as it holds a
+// name's lock file (see Factory.Prune). Like the fence it is no name's file.
+const sweepFile = "ubgo-flock.sweep"
+
+// sweepRetries bounds how often one Acquire tries again after a sweep.
+const sweepRetries = 3
+
+// afterSweep reports whether a busy name is worth another try: whether
+// sweeps run in dir, in which case it returns once none holds a name's
+// file, so a sweep that held the name at the failed try has let go. It
+// waits at most a second for a sweeper that is stopped.
+func afterSweep(ctx context.Context, dir string) bool {
+	fd, err := sysOpen(dir+string(os.PathSeparator)+sweepFile, false, false)
+	if err != nil {
+		return false // no sweep ever ran here
+	}
+	defer sysClose(fd)
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return lockSpin(ctx, fd, false) == nil
+}
 
 // readFence returns the directory's fence, 0 when there is none (or it is
 // damaged: the clock then decides alone).
