@@ -112,8 +112,7 @@ func keep(t *testing.T, dir string) string {
 // known lists violations found by this suite and reported to the
 // backend's owner, by backend and kind, with the reference. Until fixed
 // they are logged, not failed; CHAOS_STRICT=1 fails on them too.
-var known = map[string]map[string]string{
-}
+var known = map[string]map[string]string{}
 
 func strict() bool { return os.Getenv("CHAOS_STRICT") == "1" }
 
