@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -610,4 +611,43 @@ func TestFaultAcquireAbandonedMidWrite(t *testing.T) {
 	}
 	h.Release()
 	warm.Release()
+}
+
+// A holder already lost sends nothing on Release: its key is gone or goes
+// with its lease, and etcd may be the reason it was lost.
+func TestReleaseAfterLossSendsNothing(t *testing.T) {
+	var txns atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Txn") {
+			txns.Add(1)
+		}
+		return invoke(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   testenv.EtcdEndpoints(),
+		DialTimeout: 3 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)},
+	})
+	if err != nil {
+		testenv.Unavailable(t, "etcd", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)))
+	ctx := ctxT(t, time.Minute)
+	h, err := f.Acquire(ctx, "lost")
+	if err != nil {
+		testenv.Unavailable(t, "etcd", err)
+	}
+	if _, err := client(t).Delete(ctx, h.Key()); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, h.Done(), 10*time.Second, "loss after the key was deleted")
+	before := txns.Load()
+	if err := h.Release(); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("Release after loss = %v, want ErrLockLost", err)
+	}
+	if n := txns.Load() - before; n != 0 {
+		t.Fatalf("Release after loss sent %d transactions, want 0", n)
+	}
 }

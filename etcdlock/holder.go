@@ -55,7 +55,7 @@ func (h *Holder) Lease() clientv3.LeaseID { return h.s.id }
 // Release gives the lock up by deleting its key, if the key is still the one
 // this holder created. It is idempotent and bounded by
 // backend.ReleaseTimeout whatever the Acquire context; after a loss it
-// returns an error matching ErrLockLost. If etcd cannot be reached the key
+// returns an error matching ErrLockLost at once, without a request. If etcd cannot be reached the key
 // is deleted later in the background, or goes with its lease.
 func (h *Holder) Release() error {
 	h.releaseOnce.Do(func() { h.releaseErr = h.release() })
@@ -66,6 +66,12 @@ func (h *Holder) Release() error {
 }
 
 func (h *Holder) release() error {
+	if h.state.Err() != nil {
+		// Lost: the key is gone, or goes with a lease that is no longer
+		// renewed, most likely because etcd is out of reach; a delete
+		// would only wait for it.
+		return ErrLockLost
+	}
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
 	h.w.untrack(h.claim) // our own deletion is not a loss
