@@ -240,7 +240,9 @@ func CurrentLeader(ctx context.Context, in Inspector, name string) (HolderInfo, 
 // TTL, the loss is declared before the lease can run out on the server.
 //
 // A holder that cannot be extended (not an [Extender]) is only watched.
-// Call cancel when the work is done; it does not release h.
+// Call cancel when the work is done, before releasing h: it stops the
+// renewals and returns once none is in flight, so no Extend races the
+// Release. It does not release h.
 func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Context, context.CancelFunc) {
 	kctx, cancel := context.WithCancelCause(ctx)
 	if h == nil || every <= 0 {
@@ -248,7 +250,9 @@ func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Cont
 		return kctx, func() {}
 	}
 	ext, _ := h.(Extender)
+	stopped := make(chan struct{})
 	go func() {
+		defer close(stopped)
 		var tick <-chan time.Time
 		if ext != nil {
 			t := time.NewTicker(every)
@@ -267,6 +271,9 @@ func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Cont
 				cancel(cause)
 				return
 			case <-tick:
+				if kctx.Err() != nil {
+					return // both were ready: the caller's cancel wins
+				}
 				ectx, ecancel := context.WithTimeout(kctx, every)
 				err := ext.Extend(ectx)
 				ecancel()
@@ -284,5 +291,8 @@ func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Cont
 			}
 		}
 	}()
-	return kctx, func() { cancel(nil) }
+	return kctx, func() {
+		cancel(nil)
+		<-stopped
+	}
 }

@@ -476,6 +476,7 @@ type extender struct {
 	*toyHolder
 	mu      sync.Mutex
 	extends int
+	active  int // Extends in flight
 	fail    error
 	block   bool
 }
@@ -483,10 +484,17 @@ type extender struct {
 func (e *extender) Extend(ctx context.Context) error {
 	e.mu.Lock()
 	e.extends++
+	e.active++
 	err, block := e.fail, e.block
 	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.active--
+		e.mu.Unlock()
+	}()
 	if block {
 		<-ctx.Done()
+		time.Sleep(5 * time.Millisecond) // as a request does after its deadline
 		return ctx.Err()
 	}
 	return err
@@ -515,14 +523,30 @@ func TestKeepAlive(t *testing.T) {
 			t.Fatal("cancelled while renewals succeed")
 		}
 		cancel()
-		time.Sleep(20 * time.Millisecond) // let a tick in flight finish
 		n := e.count()
 		time.Sleep(20 * time.Millisecond)
 		if e.count() != n {
-			t.Fatal("renewing after cancel")
+			t.Fatal("renewing after cancel returned")
 		}
 		if e.Err() != nil || closedChan(e.Done()) {
 			t.Fatal("cancel touched the lock")
+		}
+	})
+	t.Run("cancel waits for the renewal in flight", func(t *testing.T) {
+		e := newExtender(t)
+		e.block = true // each Extend lasts until its context ends, and a little longer
+		_, cancel := lock.KeepAlive(context.Background(), e, 100*time.Millisecond)
+		within(t, 10*time.Second, "an Extend in flight", func() bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return e.active > 0
+		})
+		cancel()
+		e.mu.Lock()
+		active := e.active
+		e.mu.Unlock()
+		if active != 0 {
+			t.Fatalf("cancel returned with %d Extend calls in flight; a Release after it would race them", active)
 		}
 	})
 	t.Run("lost on extend", func(t *testing.T) {
