@@ -2,6 +2,7 @@ package flock
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -197,7 +198,7 @@ func TestPruneKeepsTokensAboveFence(t *testing.T) {
 		}
 		sysClose(fd)
 	}
-	if n, err := f.Prune(ctx, 0); n != 1 || err != nil { // the semaphore "s" is not swept
+	if n, err := f.Prune(ctx, 0); n != 2 || err != nil {
 		t.Fatalf("Prune = %d, %v", n, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "m.lock")); !os.IsNotExist(err) {
@@ -213,5 +214,55 @@ func TestPruneKeepsTokensAboveFence(t *testing.T) {
 			t.Fatalf("%s: token %d after prune, not above the pruned %d", name, h.Token(), future)
 		}
 		h.Release()
+	}
+}
+
+// Two sweepers list a semaphore at once. The first removes its files; a
+// permit holder then makes new ones. The second, locking the unlinked file
+// it opened before, must not remove the new generation's slot files: a
+// third acquirer would create a fresh slot 0 beside the held one and get
+// in over the limit.
+func TestPruneLateSweeperLeavesNewGeneration(t *testing.T) {
+	dir := t.TempDir()
+	f := NewFactory(WithDir(dir), WithPruneAfter(0), WithMaxConcurrent(2))
+	defer f.Close()
+	ctx := context.Background()
+	h, err := f.Acquire(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	late, err := sysOpen(filepath.Join(dir, "s.lock"), true, false) // the second sweeper's open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sysClose(late)
+	if n, err := f.Prune(ctx, 0); n != 1 || err != nil { // the first sweeper
+		t.Fatalf("Prune = %d, %v", n, err)
+	}
+	var held []*Holder
+	for range 2 {
+		h, err := f.Acquire(ctx, "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		held = append(held, h)
+	}
+	c := &call{dir: dir, esc: "s"}
+	c.namePath = c.file(".lock")
+	if ok, err := pruneFile(c, late, &nameFiles{hasLock: true}, 0); ok || err != nil {
+		t.Fatalf("late sweep of an unlinked file = %v, %v; want nothing done", ok, err)
+	}
+	for _, h := range held {
+		if same, err := sysSameFile(h.slotFd, h.slotPath); err != nil || !same {
+			t.Fatalf("%s of a live permit was removed (%v)", h.slotPath, err)
+		}
+	}
+	if h, err := f.Acquire(ctx, "s"); !errors.Is(err, ErrLocked) {
+		if h != nil {
+			h.Release()
+		}
+		t.Fatalf("third permit of a limit of 2: %v", err)
 	}
 }

@@ -19,7 +19,9 @@ import (
 // not this package's are left alone.
 //
 // For each name it takes the exclusive lock of <esc>.lock (so nobody holds
-// a permit or the mutex, and nobody can until it lets go), raises the
+// a permit or the mutex, and nobody can until it lets go), checks that the
+// file is still the one at the path (not removed by another sweep since the
+// listing, its name's other files perhaps a new generation's), raises the
 // directory's fence file (ubgo-flock.fence) past the name's token counter,
 // writes "dead 1" into the file, unlinks the slot and guard files and then
 // the lock file, and only then closes it. An acquirer that opened the old
@@ -273,20 +275,28 @@ func pruneName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) 
 	}
 	defer wakeName(dir, esc)
 	defer sysClose(fd)
+	return pruneFile(c, fd, n, idle)
+}
+
+// pruneFile removes the name's files if fd, its lock file as opened after
+// the listing, is still the name's, free and idle.
+func pruneFile(c *call, fd sysFile, n *nameFiles, idle time.Duration) (bool, error) {
+	dir, esc := c.dir, c.esc
 	ok, err := sysTryLock(fd, true)
 	if err != nil || !ok {
+		return false, err
+	}
+	// Only the exclusive lock of the file at the path keeps the name's
+	// other files (slots, guard) out of use. A file that another sweeper
+	// unlinked since the listing guards nothing: the files at the name's
+	// paths may be a new generation's, held by permit holders, and
+	// removing them would let a second holder into a slot.
+	if same, err := sysSameFile(fd, c.namePath); err != nil || !same {
 		return false, err
 	}
 	rec, valid, err := readRecord(fd)
 	if err != nil {
 		return false, fmt.Errorf("flock: %w", err)
-	}
-	if valid && !rec.dead && rec.limit > 1 {
-		// Semaphores are not swept: removing a name's files while
-		// permit holders come and go over-admitted in
-		// TestProcessesSemaphoreNeverOverAdmit. Their files are bounded
-		// by the limit (n slot files, a guard and the lock file per name).
-		return false, nil
 	}
 	if valid && !rec.dead {
 		// Used since the listing? The lock file is written on every
@@ -321,12 +331,8 @@ func pruneName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) 
 			errs = append(errs, err)
 		}
 	}
-	if same, err := sysSameFile(fd, c.namePath); err != nil {
+	if err := sysRemove(c.namePath); err != nil {
 		errs = append(errs, err)
-	} else if same {
-		if err := sysRemove(c.namePath); err != nil {
-			errs = append(errs, err)
-		}
 	}
 	return true, errors.Join(errs...)
 }
