@@ -35,6 +35,16 @@ type contender struct {
 	unlock func() error
 }
 
+// holding is the contender that takes the lock with acquire and releases
+// the holder it got.
+func holding[H interface{ Release() error }](acquire func(context.Context) (H, error)) contender {
+	var h H
+	return contender{
+		lock:   func(ctx context.Context) (err error) { h, err = acquire(ctx); return err },
+		unlock: func() error { return h.Release() },
+	}
+}
+
 // contCase is a contended case: cfg.Waiters contenders on one name, each
 // taking the lock (or a permit) and giving it back at once, as fast as
 // they can.
@@ -140,33 +150,21 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 	mf := memlock.NewFactory(memlock.WithLogger(nil), memlock.WithWait(), memlock.WithMaxConcurrent(limit))
 	e.defer_(func() { mf.Close() })
 	add(&contCase{id: "memory/memlock", label: "memlock, one factory", kind: oursKind, cs: contenders(n, func(int) contender {
-		var h *memlock.Holder
-		return contender{
-			lock:   func(ctx context.Context) (err error) { h, err = mf.Acquire(ctx, name); return err },
-			unlock: func() error { return h.Release() },
-		}
+		return holding(func(ctx context.Context) (*memlock.Holder, error) { return mf.Acquire(ctx, name) })
 	})})
 
 	fdir := filepath.Join(dir, "flock")
 	add(&contCase{id: "file/flock", label: "flock, a factory each", kind: oursKind, err: dirErr, cs: contenders(n, func(int) contender {
 		f := flock.NewFactory(flock.WithDir(fdir), flock.WithLogger(nil), flock.WithWait(), flock.WithMaxConcurrent(limit))
 		e.defer_(func() { f.Close() })
-		var h *flock.Holder
-		return contender{
-			lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-			unlock: func() error { return h.Release() },
-		}
+		return holding(func(ctx context.Context) (*flock.Holder, error) { return f.Acquire(ctx, name) })
 	})})
 
 	ldir := filepath.Join(dir, "filelock")
 	add(&contCase{id: "file/filelock", label: "filelock, a factory each", kind: oursKind, err: dirErr, cs: contenders(n, func(int) contender {
 		f := filelock.NewFactory(filelock.WithDir(ldir), filelock.WithLogger(nil), filelock.WithWait(), filelock.WithMaxConcurrent(limit))
 		e.defer_(func() { f.Close() })
-		var h *filelock.Holder
-		return contender{
-			lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-			unlock: func() error { return h.Release() },
-		}
+		return holding(func(ctx context.Context) (*filelock.Holder, error) { return f.Acquire(ctx, name) })
 	})})
 
 	if limit == 1 {
@@ -184,11 +182,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 				f := pglock.NewFactory(cc.pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
 					pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName("ubgo-lock-bench"))
 				e.defer_(func() { f.Close() })
-				var h *pglock.Holder
-				return contender{
-					lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-					unlock: func() error { return h.Release() },
-				}
+				return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
 			})
 		}
 		add(c)
@@ -199,11 +193,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 					pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName("ubgo-lock-bench"))
 				e.defer_(func() { f.Close() })
 				c.cs = contenders(n, func(int) contender {
-					var h *pglock.Holder
-					return contender{
-						lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-						unlock: func() error { return h.Release() },
-					}
+					return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
 				})
 			}
 			add(c)
@@ -218,11 +208,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 				f := redislock.NewFactory(cc.redis[i], redislock.WithKeyPrefix(e.prefix), redislock.WithLogger(nil),
 					redislock.WithWait(), redislock.WithMaxConcurrent(limit))
 				e.defer_(func() { f.Close() })
-				var h *redislock.Holder
-				return contender{
-					lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-					unlock: func() error { return h.Release() },
-				}
+				return holding(func(ctx context.Context) (*redislock.Holder, error) { return f.Acquire(ctx, name) })
 			})
 		}
 		add(c)
@@ -233,11 +219,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 					redislock.WithWait(), redislock.WithMaxConcurrent(limit))
 				e.defer_(func() { f.Close() })
 				c.cs = contenders(n, func(i int) contender {
-					var h *redislock.Holder
-					return contender{
-						lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-						unlock: func() error { return h.Release() },
-					}
+					return holding(func(ctx context.Context) (*redislock.Holder, error) { return f.Acquire(ctx, name) })
 				})
 			}
 			add(c)
@@ -284,11 +266,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 				f := etcdlock.NewFactory(cc.etcd[i], etcdlock.WithKeyPrefix(e.prefix+"etcdlock/"), etcdlock.WithLogger(nil),
 					etcdlock.WithWait(), etcdlock.WithMaxConcurrent(limit))
 				e.defer_(func() { f.Close() })
-				var h *etcdlock.Holder
-				return contender{
-					lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-					unlock: func() error { return h.Release() },
-				}
+				return holding(func(ctx context.Context) (*etcdlock.Holder, error) { return f.Acquire(ctx, name) })
 			})
 		}
 		add(c)
@@ -299,11 +277,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 					etcdlock.WithWait(), etcdlock.WithMaxConcurrent(limit))
 				e.defer_(func() { f.Close() })
 				c.cs = contenders(n, func(i int) contender {
-					var h *etcdlock.Holder
-					return contender{
-						lock:   func(ctx context.Context) (err error) { h, err = f.Acquire(ctx, name); return err },
-						unlock: func() error { return h.Release() },
-					}
+					return holding(func(ctx context.Context) (*etcdlock.Holder, error) { return f.Acquire(ctx, name) })
 				})
 			}
 			add(c)
