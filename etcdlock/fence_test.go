@@ -159,37 +159,14 @@ func TestFenceStaleWriter(t *testing.T) {
 	prefix := storePrefix(t)
 	fa := factory(t, client(t), etcdlock.WithKeyPrefix(prefix), etcdlock.WithLogger(nil))
 	fb := factory(t, client(t), etcdlock.WithKeyPrefix(prefix), etcdlock.WithLogger(nil))
-	fenceA := etcdlock.NewFence(client(t), etcdlock.WithKeyPrefix(prefix))
-	fenceB := etcdlock.NewFence(client(t), etcdlock.WithKeyPrefix(prefix))
-
 	a, err := fa.Acquire(ctx, "export", etcdlock.WithTTL(time.Second), etcdlock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fenceA.RejectIfStale(ctx, "export", a.Token()); err != nil {
-		t.Fatalf("A's first write: %v", err)
-	}
-	b, err := fb.Acquire(ctx, "export", etcdlock.WithWait())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release()
-	if b.Token() <= a.Token() {
-		t.Fatalf("B's token %d is not above A's %d", b.Token(), a.Token())
-	}
-	if err := fenceB.RejectIfStale(ctx, "export", b.Token()); err != nil {
-		t.Fatalf("B's write: %v", err)
-	}
-	err = fenceA.RejectIfStale(ctx, "export", a.Token())
-	if !errors.Is(err, lock.ErrStaleToken) {
-		t.Fatalf("A's late write: %v, want ErrStaleToken", err)
-	}
-	if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("ErrStaleToken must not match lock errors: %v", err)
-	}
-	if err := fenceB.RejectIfStale(ctx, "export", b.Token()); err != nil {
-		t.Fatalf("B writes again: %v", err)
-	}
+	locktest.RunStaleWriter(t, ctx, locktest.StaleWriter{Name: "export", A: a,
+		FenceA:   etcdlock.NewFence(client(t), etcdlock.WithKeyPrefix(prefix)),
+		FenceB:   etcdlock.NewFence(client(t), etcdlock.WithKeyPrefix(prefix)),
+		TakeOver: func() (lock.Holder, error) { return fb.Acquire(ctx, "export", etcdlock.WithWait()) }})
 }
 
 // A holder's write lands together with its fencing token in one Txn, or not

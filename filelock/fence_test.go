@@ -240,39 +240,18 @@ func TestRunOnceLateReplica(t *testing.T) {
 // with its larger token, and A's late write with its old token is refused.
 func TestFenceStaleWriter(t *testing.T) {
 	dir := t.TempDir()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	fa := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
 	fb := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
-	fenceA := filelock.NewFence(filelock.WithDir(dir))
-	fenceB := filelock.NewFence(filelock.WithDir(dir))
-
 	a, err := fa.Acquire(ctx, "export", filelock.WithStaleAfter(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fenceA.RejectIfStale(ctx, "export", a.Token()); err != nil {
-		t.Fatalf("A's first write: %v", err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	b, err := fb.Acquire(wctx, "export", filelock.WithWait())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release()
-	if b.Token() <= a.Token() {
-		t.Fatalf("B's token %d is not above A's %d", b.Token(), a.Token())
-	}
-	if err := fenceB.RejectIfStale(ctx, "export", b.Token()); err != nil {
-		t.Fatalf("B's write: %v", err)
-	}
-	err = fenceA.RejectIfStale(ctx, "export", a.Token())
-	if !errors.Is(err, lock.ErrStaleToken) {
-		t.Fatalf("A's late write: %v, want ErrStaleToken", err)
-	}
-	if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("ErrStaleToken must not match lock errors: %v", err)
-	}
+	locktest.RunStaleWriter(t, ctx, locktest.StaleWriter{Name: "export", A: a,
+		FenceA:   filelock.NewFence(filelock.WithDir(dir)),
+		FenceB:   filelock.NewFence(filelock.WithDir(dir)),
+		TakeOver: func() (lock.Holder, error) { return fb.Acquire(ctx, "export", filelock.WithWait()) }})
 }
 
 // A store directory removed while the process runs is made again.

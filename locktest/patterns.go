@@ -197,3 +197,48 @@ func RunLedger(t *testing.T, newLedger NewLedger) {
 		}
 	})
 }
+
+// StaleWriter is the fencing scenario RunStaleWriter plays: holder A writes
+// through its fence, stalls, and loses the lock to B without noticing; the
+// fence must then refuse A's late write.
+type StaleWriter struct {
+	Name   string
+	A      lock.Holder // holds Name
+	FenceA lock.Fence  // A's client of the store
+	FenceB lock.Fence  // B's client of the same store
+	// TakeOver makes A's lock lapse while A does nothing (its lease left
+	// to run out, its session killed) and returns B's holder of Name.
+	TakeOver func() (lock.Holder, error)
+}
+
+// RunStaleWriter checks fencing end to end: A's write is accepted, B's
+// token is above A's and its writes are accepted, and A's late write is
+// refused with an error matching lock.ErrStaleToken and no lock error. It
+// releases B.
+func RunStaleWriter(t *testing.T, ctx context.Context, s StaleWriter) {
+	t.Helper()
+	if err := s.FenceA.RejectIfStale(ctx, s.Name, s.A.Token()); err != nil {
+		t.Fatalf("A's first write: %v", err)
+	}
+	b, err := s.TakeOver()
+	if err != nil {
+		t.Fatalf("B's acquire: %v", err)
+	}
+	defer b.Release()
+	if b.Token() <= s.A.Token() {
+		t.Fatalf("B's token %d is not above A's %d", b.Token(), s.A.Token())
+	}
+	if err := s.FenceB.RejectIfStale(ctx, s.Name, b.Token()); err != nil {
+		t.Fatalf("B's write: %v", err)
+	}
+	err = s.FenceA.RejectIfStale(ctx, s.Name, s.A.Token())
+	if !errors.Is(err, lock.ErrStaleToken) {
+		t.Fatalf("A's late write: %v, want ErrStaleToken", err)
+	}
+	if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("ErrStaleToken must not match lock errors: %v", err)
+	}
+	if err := s.FenceB.RejectIfStale(ctx, s.Name, b.Token()); err != nil {
+		t.Fatalf("B writes again: %v", err)
+	}
+}

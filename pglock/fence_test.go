@@ -331,38 +331,20 @@ func TestFenceStaleWriter(t *testing.T) {
 	defer fa.Close()
 	fb := pglock.NewFactory(poolB, pglock.WithLogger(nil))
 	defer fb.Close()
-	fenceA := pglock.NewFence(poolA, pglock.WithSchema(schema))
-	fenceB := pglock.NewFence(poolB, pglock.WithSchema(schema))
-
 	a, err := fa.Acquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fenceA.RejectIfStale(ctx, name, a.Token()); err != nil {
-		t.Fatalf("A's first write: %v", err)
-	}
-	var ok bool
-	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(a.BackendPID())).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend: %v %v", ok, err)
-	}
-	b, err := fb.Acquire(ctx, name, pglock.WithWait())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release()
-	if b.Token() <= a.Token() {
-		t.Fatalf("B's token %d is not above A's %d", b.Token(), a.Token())
-	}
-	if err := fenceB.RejectIfStale(ctx, name, b.Token()); err != nil {
-		t.Fatalf("B's write: %v", err)
-	}
-	err = fenceA.RejectIfStale(ctx, name, a.Token())
-	if !errors.Is(err, lock.ErrStaleToken) {
-		t.Fatalf("A's late write: %v, want ErrStaleToken", err)
-	}
-	if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("ErrStaleToken must not match lock errors: %v", err)
-	}
+	locktest.RunStaleWriter(t, ctx, locktest.StaleWriter{Name: name, A: a,
+		FenceA: pglock.NewFence(poolA, pglock.WithSchema(schema)),
+		FenceB: pglock.NewFence(poolB, pglock.WithSchema(schema)),
+		TakeOver: func() (lock.Holder, error) {
+			var ok bool
+			if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(a.BackendPID())).Scan(&ok); err != nil || !ok {
+				t.Fatalf("pg_terminate_backend: %v %v", ok, err)
+			}
+			return fb.Acquire(ctx, name, pglock.WithWait())
+		}})
 }
 
 // The fence check joins the transaction of the guarded write: both commit,

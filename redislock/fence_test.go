@@ -197,32 +197,13 @@ func TestFenceStaleWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fenceA.RejectIfStale(ctx, name, a.Token()); err != nil {
-		t.Fatalf("A's first write: %v", err)
-	}
-	stall(a)
-	b, err := fb.Acquire(ctx, name, WithWait(), WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release()
-	if b.Token() <= a.Token() {
-		t.Fatalf("B's token %d is not above A's %d", b.Token(), a.Token())
-	}
-	if err := fenceB.RejectIfStale(ctx, name, b.Token()); err != nil {
-		t.Fatalf("B's write: %v", err)
-	}
-	if a.Err() != nil {
-		t.Fatalf("the stalled holder should not know yet: %v", a.Err())
-	}
-	err = fenceA.RejectIfStale(ctx, name, a.Token())
-	if !errors.Is(err, lock.ErrStaleToken) {
-		t.Fatalf("A's late write: %v, want ErrStaleToken", err)
-	}
-	if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("ErrStaleToken must not match lock errors: %v", err)
-	}
-	if err := fenceB.RejectIfStale(ctx, name, b.Token()); err != nil {
-		t.Fatalf("B writes again: %v", err)
-	}
+	locktest.RunStaleWriter(t, ctx, locktest.StaleWriter{Name: name, A: a, FenceA: fenceA, FenceB: fenceB,
+		TakeOver: func() (lock.Holder, error) {
+			stall(a)
+			b, err := fb.Acquire(ctx, name, WithWait(), WithTTL(time.Minute))
+			if a.Err() != nil {
+				t.Fatalf("the stalled holder should not know yet: %v", a.Err())
+			}
+			return b, err
+		}})
 }
