@@ -138,3 +138,23 @@ func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, 
 	}
 	return o, lock.ValidateName(name)
 }
+
+// Acquire is the frame of a factory's Acquire: it resolves the call's
+// options, runs take with them unless that failed, and reports the outcome
+// as one lock.OpAcquire event (latency from the call, the wait take
+// reports, the token). take returns the wait it spent queued.
+func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resolve func() (lock.Options, error), take func(o *lock.Options) (H, time.Duration, error)) (H, error) {
+	start := time.Now()
+	o, err := resolve()
+	var h H
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = take(&o)
+	}
+	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
+	if err == nil {
+		e.Token = h.Token()
+	}
+	o.Report(ctx, e)
+	return h, err
+}

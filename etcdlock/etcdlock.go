@@ -120,22 +120,14 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 // ctx ends. The lock does not depend on ctx once acquired: it is held, and
 // its lease renewed, until Release, a loss, or Close.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	start := time.Now()
-	o, err := f.resolve(name, opts)
-	if err == nil {
-		err = ctx.Err()
-	}
-	if err != nil {
-		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Err: err})
-		return nil, err
-	}
-	h, wait, err := f.take(ctx, name, &o)
-	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
-	if h != nil {
-		e.Token = h.token
-	}
-	o.Report(ctx, e)
-	return h, err
+	return backend.Acquire(ctx, backendName, name,
+		func() (lock.Options, error) { return f.resolve(name, opts) },
+		func(o *lock.Options) (*Holder, time.Duration, error) {
+			if err := ctx.Err(); err != nil {
+				return nil, 0, err
+			}
+			return f.take(ctx, name, o)
+		})
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {

@@ -74,21 +74,13 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	start := time.Now()
-	o, err := f.resolve(name, opts)
-	if err != nil {
-		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
-		return nil, err
-	}
-	r := o.Renew(renew)
-	o.AutoRenew = &r
-	h, wait, err := f.take(ctx, name, &o)
-	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
-	if h != nil {
-		e.Token = h.token
-	}
-	o.Report(ctx, e)
-	return h, err
+	return backend.Acquire(ctx, backendName, name,
+		func() (lock.Options, error) { return f.resolve(name, opts) },
+		func(o *lock.Options) (*Holder, time.Duration, error) {
+			r := o.Renew(renew)
+			o.AutoRenew = &r
+			return f.take(ctx, name, o)
+		})
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
