@@ -7,23 +7,27 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
 
 // Holder is one held lock or semaphore permit.
 type Holder struct {
-	f     *Factory
-	name  string
-	k     keys
-	id    string // random, unique per acquisition: what Release and Extend compare
-	ls    lease
-	token uint64
-	opts  *lock.Options
-	ctx   context.Context // the Acquire context without its cancellation, for reports
-	start time.Time
-	state *backend.State
-	relMu sync.Mutex // one Release at a time
+	f    *Factory
+	name string
+	k    keys
+	id   string // random, unique per acquisition: what Release and Extend compare (see newID)
+	// The mutex release script's keys and arguments, built once.
+	relKeys []string
+	relArgs [2]any
+	ls      lease
+	token   uint64
+	opts    *lock.Options
+	ctx     context.Context // the Acquire context without its cancellation, for reports
+	start   time.Time
+	state   *backend.State
+	relMu   sync.Mutex // one Release at a time
 
 	// dirty: the holder was declared lost by its own clock and its key
 	// may still be on the server; a later Release removes it.
@@ -39,13 +43,31 @@ type Holder struct {
 	renewBy  time.Time // the loop wakes up to renew it at this time
 }
 
-func (f *Factory) newHolder(ctx context.Context, name string, k keys, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
+// newHolder returns the holder of a confirmed acquire. kl is k.list().
+func (f *Factory) newHolder(ctx context.Context, name string, k keys, kl []string, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
 	h := &Holder{
 		f: f, name: name, k: k, id: id, ls: ls, token: a.token, opts: o,
 		ctx: context.WithoutCancel(ctx), start: a.sent, state: backend.NewState(), auto: renew,
+		relKeys: kl[:1], relArgs: [2]any{id, k.channel},
 	}
 	h.confirmLocked(a.sent)
 	return h
+}
+
+// releaseContext bounds a release. h.ctx is not cancelled with the
+// caller's context already.
+func (h *Holder) releaseContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(h.ctx, backend.ReleaseTimeout)
+}
+
+// runRelease runs the release script: 1 if it removed this holder's lock
+// or permit, 0 if it was no longer there.
+func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
+	if h.ls.limit == 1 {
+		return mutexRelease.Run(ctx, h.f.c, h.relKeys, h.relArgs[:]...)
+	}
+	sc, keys, args := releaseCall(h.k, h.id, h.ls.limit)
+	return sc.Run(ctx, h.f.c, keys, args...)
 }
 
 // confirmLocked records that the server accepted an acquire or extend sent
@@ -84,7 +106,7 @@ func (h *Holder) Release() error {
 	defer h.relMu.Unlock()
 	if h.state.Ended() {
 		if h.dirty.Load() {
-			ctx, cancel := backend.ReleaseContext(h.ctx)
+			ctx, cancel := h.releaseContext()
 			if h.releaseScript(ctx) == nil {
 				h.dirty.Store(false)
 			}
@@ -94,10 +116,9 @@ func (h *Holder) Release() error {
 	}
 	h.f.rn.stopRenewing(h)
 	start := time.Now()
-	ctx, cancel := backend.ReleaseContext(h.ctx)
+	ctx, cancel := h.releaseContext()
 	defer cancel()
-	sc, keys, args := releaseCall(h.k, h.id, h.ls.limit)
-	v, err := sc.Run(ctx, h.f.c, keys, args...).Int64()
+	v, err := h.runRelease(ctx).Int64()
 	if err != nil {
 		err = fmt.Errorf("redislock: release %q: %w", h.name, err)
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
@@ -115,8 +136,7 @@ func (h *Holder) Release() error {
 }
 
 func (h *Holder) releaseScript(ctx context.Context) error {
-	sc, keys, args := releaseCall(h.k, h.id, h.ls.limit)
-	return sc.Run(ctx, h.f.c, keys, args...).Err()
+	return h.runRelease(ctx).Err()
 }
 
 // Extend renews the lease for another TTL, in one round trip. Once the
@@ -151,7 +171,7 @@ func (h *Holder) extend(ctx context.Context) error {
 	if !h.f.rn.confirm(h, sent) {
 		// The holder gave the lock up (lost by its deadline, released or
 		// closed) while the extend was on its way: do not keep it.
-		ctx, cancel := backend.ReleaseContext(h.ctx)
+		ctx, cancel := h.releaseContext()
 		h.releaseScript(ctx)
 		cancel()
 		if err := h.state.Err(); err != nil {
@@ -183,7 +203,7 @@ func (h *Holder) expire() {
 
 // cleanup removes the holder's key, if it is still the holder's.
 func (h *Holder) cleanup() {
-	ctx, cancel := backend.ReleaseContext(h.ctx)
+	ctx, cancel := h.releaseContext()
 	defer cancel()
 	if h.releaseScript(ctx) == nil {
 		h.dirty.Store(false)

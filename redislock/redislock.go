@@ -112,6 +112,10 @@ type Factory struct {
 	err   error
 	owner string // pid@host, the default for WithOwner
 	meta  string // the stored metadata when no call sets its own
+	// For a call without options: its lease and metadata, ready as
+	// script arguments.
+	lease   lease
+	metaArg any
 	// together: every key seems to live on one server (a *redis.Client,
 	// not a cluster or a ring client), so one script may renew many names.
 	// Cleared if the server says otherwise (a plain client on a cluster).
@@ -145,6 +149,7 @@ func NewFactory(client Client, opts ...Option) *Factory {
 	if f.err == nil {
 		f.meta, f.err = f.encodeMeta(&o)
 	}
+	f.lease, f.metaArg = leaseOf(&f.opts), f.meta
 	return f
 }
 
@@ -204,12 +209,51 @@ func keysFor(prefix, name string) keys {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
-	base := prefix + "{" + backend.Escape(name) + "}:"
+	// All five are <prefix>{<escaped name>}:<suffix>; build them in one
+	// allocation, as every Acquire does this.
+	esc := escape(name)
+	suffixes := [...]string{"lock", "token", "slots", "permits", "released"}
+	n := 0
+	for _, x := range suffixes {
+		n += len(prefix) + len(esc) + 3 + len(x)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	var ends [len(suffixes)]int
+	for i, x := range suffixes {
+		b.WriteString(prefix)
+		b.WriteByte('{')
+		b.WriteString(esc)
+		b.WriteString("}:")
+		b.WriteString(x)
+		ends[i] = b.Len()
+	}
+	all := b.String()
 	return keys{
-		lock: base + "lock", token: base + "token", slots: base + "slots",
-		permits: base + "permits", channel: base + "released",
+		lock: all[:ends[0]], token: all[ends[0]:ends[1]], slots: all[ends[1]:ends[2]],
+		permits: all[ends[2]:ends[3]], channel: all[ends[3]:ends[4]],
 	}
 }
+
+// escape is backend.Escape, without its allocations for the usual name
+// that is short and made of letters, digits, '_' and '-' only, which
+// backend.Escape keeps as it is (a test holds the two equal).
+func escape(name string) string {
+	if len(name) > maxVerbatim {
+		return backend.Escape(name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return backend.Escape(name)
+		}
+	}
+	return name
+}
+
+// maxVerbatim is a length up to which backend.Escape keeps a name that
+// needs no escaping unchanged.
+const maxVerbatim = 96
 
 func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
 
@@ -218,6 +262,7 @@ type lease struct {
 	ttl    time.Duration
 	margin time.Duration // the holder gives up this long before the server's expiry
 	limit  int
+	ttlArg any // ttl in milliseconds as a script argument
 }
 
 func leaseOf(o *lock.Options) lease {
@@ -226,21 +271,32 @@ func leaseOf(o *lock.Options) lease {
 		ttl = DefaultTTL
 	}
 	ttl = ttl.Truncate(time.Millisecond) // what Redis stores
-	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit()}
+	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), ttlArg: ttl.Milliseconds()}
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
 	return backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
 }
 
+// callOptions resolves the options of one call. A call without options
+// shares the factory's, which nothing changes after NewFactory, rather
+// than copying them.
+func (f *Factory) callOptions(name string, opts []Option) (*lock.Options, error) {
+	if len(opts) == 0 && f.err == nil {
+		return &f.opts, lock.ValidateName(name)
+	}
+	o, err := f.resolve(name, opts)
+	return &o, err
+}
+
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
-	o, err := f.resolve(name, opts)
+	o, err := f.callOptions(name, opts)
 	if err != nil {
 		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
 		return nil, err
 	}
-	h, wait, err := f.take(ctx, name, &o, o.Renew(renew))
+	h, wait, err := f.take(ctx, name, o, o.Renew(renew))
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if h != nil {
 		e.Token = h.token
@@ -253,7 +309,6 @@ func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []O
 type attempt struct {
 	status int // 1 acquired, 0 locked, -1 limit mismatch
 	token  uint64
-	since  int64 // server ms
 	pttl   time.Duration
 	limit  int
 	sent   time.Time
@@ -267,11 +322,16 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		return nil, 0, lock.ErrClosed
 	}
 	k := keysFor(o.KeyPrefix, name)
-	ls := leaseOf(o)
+	kl := k.list()
 	id := newID()
-	meta, err := f.encodeMeta(o)
-	if err != nil {
-		return nil, 0, err
+	ls, meta := f.lease, f.metaArg
+	if o != &f.opts {
+		ls = leaseOf(o)
+		m, err := f.encodeMeta(o)
+		if err != nil {
+			return nil, 0, err
+		}
+		meta = m
 	}
 	var (
 		w         *waiter
@@ -303,7 +363,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	}
 	for {
 		if !skipTry {
-			a, err := f.try(ctx, k, id, ls, meta)
+			a, err := f.try(ctx, kl, k, id, ls, meta)
 			switch {
 			case err != nil:
 				if w != nil && ctx.Err() != nil {
@@ -311,7 +371,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 				}
 				return nil, waited(), err
 			case a.status == 1:
-				h := f.newHolder(ctx, name, k, id, ls, o, a, renew)
+				h := f.newHolder(ctx, name, k, kl, id, ls, o, a, renew)
 				if !f.rn.add(h) {
 					h.Release()
 					return nil, waited(), lock.ErrClosed
@@ -359,69 +419,71 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	}
 }
 
-// try runs the acquire script once.
-func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, meta string) (attempt, error) {
+// try runs the acquire script once. kl is k.list().
+func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls lease, meta any) (attempt, error) {
 	a := attempt{sent: time.Now()}
 	var cmd *redis.Cmd
 	if ls.limit == 1 {
-		cmd = mutexAcquire.Run(ctx, f.c, k.list(), id+":", ls.ttl.Milliseconds(), meta, tokenRetention.Milliseconds())
+		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttlArg, meta, retentionArg)
 	} else {
-		cmd = semAcquire.Run(ctx, f.c, k.list(), id, ls.ttl.Milliseconds(), ls.limit, meta, tokenRetention.Milliseconds())
+		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttlArg, ls.limit, meta, retentionArg)
 	}
-	res, err := cmd.Slice()
+	res, err := cmd.Result()
 	if err != nil {
-		if !isReply(err) {
-			// The script may have run and its reply been lost: make sure
-			// no lock of ours stays behind. Its id is unique, so this
-			// cannot touch anyone else's.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
-			s, keys, args := releaseCall(k, id, ls.limit)
-			s.Run(cctx, f.c, keys, args...)
-			cancel()
-		}
+		// The script may have run, or run in part, and its reply been
+		// lost: make sure no lock of ours stays behind. Its id is unique,
+		// so this cannot touch anyone else's.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
+		s, keys, args := releaseCall(k, id, ls.limit)
+		s.Run(cctx, f.c, keys, args...)
+		cancel()
 		return a, fmt.Errorf("redislock: acquire: %w", err)
 	}
-	if len(res) < 2 {
-		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
-	}
-	st, _ := toInt(res[0])
-	a.status = int(st)
-	switch a.status {
-	case 1:
-		if len(res) < 3 {
-			return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
-		}
-		tok, err1 := toUint(res[1])
-		since, err2 := toInt(res[2])
-		if err1 != nil || err2 != nil || tok == 0 {
+	arr, ok := res.([]any)
+	if !ok { // acquired: the reply is the token
+		tok, err := toUint(res)
+		if err != nil || tok == 0 {
 			return a, fmt.Errorf("redislock: acquire: bad reply %v", res)
 		}
-		a.token, a.since = tok, since
+		a.status, a.token = 1, tok
+		return a, nil
+	}
+	if len(arr) < 2 {
+		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
+	}
+	st, _ := toInt(arr[0])
+	a.status = int(st)
+	switch a.status {
 	case 0:
-		ms, _ := toInt(res[1])
+		ms, _ := toInt(arr[1])
 		a.pttl = time.Duration(ms) * time.Millisecond
-	default:
-		lim, _ := toInt(res[1])
+	case -1:
+		lim, _ := toInt(arr[1])
 		a.limit = int(lim)
+	default:
+		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
 	}
 	return a, nil
 }
+
+// retentionArg is tokenRetention as a script argument, boxed once.
+var retentionArg any = tokenRetention.Milliseconds()
 
 // releaseCall is the script, keys and arguments that release the lock or
 // permit with this id.
 func releaseCall(k keys, id string, limit int) (*redis.Script, []string, []any) {
 	if limit == 1 {
-		return mutexRelease, []string{k.lock}, []any{id + ":", k.channel}
+		return mutexRelease, []string{k.lock}, []any{id, k.channel}
 	}
-	return semRelease, k.list(), []any{id, k.channel}
+	return semRelease, k.list(), []any{semID(id), k.channel}
 }
 
 // extendCall is the script, keys and arguments that extend it by ttl.
 func extendCall(k keys, id string, limit int, ttl time.Duration) (*redis.Script, []string, []any) {
 	if limit == 1 {
-		return mutexExtend, []string{k.lock}, []any{id + ":", ttl.Milliseconds()}
+		return mutexExtend, []string{k.lock}, []any{id, ttl.Milliseconds()}
 	}
-	return semExtend, k.list(), []any{id, ttl.Milliseconds()}
+	return semExtend, k.list(), []any{semID(id), ttl.Milliseconds()}
 }
 
 // isReply reports whether err is an error reply from Redis, after which the
@@ -454,11 +516,19 @@ func toUint(v any) (uint64, error) {
 	return 0, fmt.Errorf("unexpected %T", v)
 }
 
+// newID returns a random id, unique per acquisition, in the form a mutex
+// value starts with: 32 hex digits and a ':'.
 func newID() string {
 	var b [16]byte
 	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	var s [33]byte
+	hex.Encode(s[:32], b[:])
+	s[32] = ':'
+	return string(s[:])
 }
+
+// semID is id as a semaphore permit id, without the ':'.
+func semID(id string) string { return id[:len(id)-1] }
 
 // meta is what is stored with a holder for Inspect.
 type meta struct {

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -196,6 +197,74 @@ func TestTokensSurviveLostCounter(t *testing.T) {
 		} else {
 			rdb.Set(ctx, h.k.token, "garbage", time.Minute)
 		}
+	}
+}
+
+// A token counter ahead of the server clock (two acquires in one
+// microsecond, a clock that stepped back) raises the token above it, and
+// the holder's stored value carries the raised token.
+func TestTokenAboveCounterAheadOfClock(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	k := keysFor(testPrefix, name)
+	ahead := uint64(time.Now().Add(time.Hour).UnixMicro())
+	rdb.Set(ctx, k.token, strconv.FormatUint(ahead, 10), time.Minute)
+	t.Cleanup(func() { rdb.Del(ctx0(), k.token) })
+	h, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if h.Token() != ahead+1 {
+		t.Fatalf("token %d, want %d", h.Token(), ahead+1)
+	}
+	info, err := f.Inspect(ctx, name)
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Token != ahead+1 {
+		t.Fatalf("Inspect = %+v, %v; want the token %d", info, err, ahead+1)
+	}
+	if got, _ := rdb.Get(ctx, k.token).Uint64(); got != ahead+1 {
+		t.Fatalf("counter %d, want %d", got, ahead+1)
+	}
+}
+
+// An acquire script that runs twice for one acquisition (the client
+// retried after a lost reply) hands out the same token, and one that
+// fails half-way leaves no lock behind.
+func TestAcquireRetriedAndFailed(t *testing.T) {
+	rdb := newClient(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	k := keysFor(testPrefix, name)
+	ls := leaseOf(&f.opts)
+	id := newID()
+	a1, err1 := f.try(ctx, k.list(), k, id, ls, "{}")
+	a2, err2 := f.try(ctx, k.list(), k, id, ls, "{}")
+	if err1 != nil || err2 != nil || a1.status != 1 || a2.status != 1 || a1.token != a2.token {
+		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", a1, err1, a2, err2)
+	}
+	if a3, err := f.try(ctx, k.list(), k, newID(), ls, "{}"); err != nil || a3.status != 0 || a3.pttl <= 0 {
+		t.Fatalf("another id: %+v %v; want locked with the lease left", a3, err)
+	}
+	s, keys, args := releaseCall(k, id, 1)
+	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
+		t.Fatalf("release: %v %v", v, err)
+	}
+
+	// A counter key of the wrong type fails the script after the lock
+	// was set; the client removes it.
+	rdb.Del(ctx, k.token)
+	rdb.RPush(ctx, k.token, "x")
+	t.Cleanup(func() { rdb.Del(ctx0(), k.token) })
+	if _, err := f.Acquire(ctx, name); err == nil {
+		t.Fatal("Acquire with a broken counter succeeded")
+	}
+	if n, _ := rdb.Exists(ctx, k.lock).Result(); n != 0 {
+		t.Fatal("a failed acquire left its lock behind")
 	}
 }
 

@@ -201,7 +201,7 @@ func (r *renewer) extendAll(ctx context.Context, hs []*Holder, batch bool) map[*
 		args := make([]any, 0, 2*len(job))
 		for j, h := range job {
 			keys[j] = h.k.lock
-			args = append(args, h.id+":", h.ls.ttl.Milliseconds())
+			args = append(args, h.id, h.ls.ttl.Milliseconds())
 		}
 		return mutexExtendN, keys, args
 	})

@@ -56,24 +56,26 @@ end
 // mutexAcquireSrc takes a mutex.
 // KEYS: lock, token, slots, permits. ARGV: "id:", ttl ms, meta, token
 // retention ms.
-// Reply: {1, token, since ms} | {0, ms until the holder's lease ends} |
+// Reply: the token (a string) | {0, ms until the holder's lease ends} |
 // {-1, the semaphore limit in force}.
 //
 // Tokens: one more than the last, but never below the server clock in
 // microseconds, so a token counter that was lost (a restart without
 // persistence, eviction, expiry) never restarts low.
+//
+// It is the hot path, so it makes as few calls as it can: TIME, EXISTS,
+// SET NX and the counter's SET GET when the name is free. The lock is set
+// with the clock token before the counter is read; in the rare case that
+// the counter is ahead of the clock (two acquires in one microsecond, or
+// the server clock stepped back) the token is raised and the value set
+// again, within the same atomic script. If the counter write fails (a
+// key of the wrong type) the script stops with the lock set: the client
+// then removes it by its id, as after any failed acquire.
 const mutexAcquireSrc = `
-local v = redis.call('GET', KEYS[1])
-if v then
-  if string.sub(v, 1, #ARGV[1]) == ARGV[1] then -- our own acquire, retried by the client
-    local _, _, tok, since = string.find(v, '^[^:]*:([^:]*):([^:]*):')
-    return {1, tok, since}
-  end
-  return {0, redis.call('PTTL', KEYS[1])}
-end
+local t = redis.call('TIME')
+local tok = t[1] .. string.sub('00000' .. t[2], -6)
 if redis.call('EXISTS', KEYS[3]) == 1 then -- a semaphore of the same name?
-  local t = redis.call('TIME')
-  local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  local now = string.sub(tok, 1, -4)
   local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
   for i = 1, #gone do redis.call('HDEL', KEYS[4], gone[i]) end
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
@@ -82,15 +84,21 @@ if redis.call('EXISTS', KEYS[3]) == 1 then -- a semaphore of the same name?
   end
   redis.call('DEL', KEYS[4])
 end
-local t = redis.call('TIME')
-local tok = t[1] .. string.format('%06d', t[2])
+local since = string.sub(tok, 1, -4)
+if not redis.call('SET', KEYS[1], ARGV[1] .. tok .. ':' .. since .. ':' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
+  local v = redis.call('GET', KEYS[1])
+  if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then -- our own acquire, retried by the client
+    local _, _, held = string.find(v, '^[^:]*:([^:]*):')
+    return held
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
 local last = tonumber(redis.call('SET', KEYS[2], tok, 'PX', ARGV[4], 'GET'))
 if last and last >= tonumber(tok) then
   tok = string.format('%d', redis.call('INCRBY', KEYS[2], string.format('%d', last - tonumber(tok) + 1)))
+  redis.call('SET', KEYS[1], ARGV[1] .. tok .. ':' .. since .. ':' .. ARGV[3], 'PX', ARGV[2])
 end
-local since = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
-redis.call('SET', KEYS[1], ARGV[1] .. tok .. ':' .. since .. ':' .. ARGV[3], 'PX', ARGV[2])
-return {1, tok, since}
+return tok
 `
 
 // mutexReleaseSrc deletes a mutex if it is still this holder's, and wakes
@@ -143,8 +151,8 @@ local id, ttl, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, '1'} end
 local n = sweep()
 if redis.call('ZSCORE', KEYS[3], id) then -- our own acquire, retried
-  local _, _, tok, since = string.find(redis.call('HGET', KEYS[4], id) or '0:0:', '^([^:]*):([^:]*):')
-  return {1, tok, since}
+  local _, _, tok = string.find(redis.call('HGET', KEYS[4], id) or '0:0:', '^([^:]*):')
+  return tok
 end
 if n > 0 then
   local have = tonumber(redis.call('HGET', KEYS[4], '#limit'))
@@ -162,7 +170,7 @@ end
 redis.call('ZADD', KEYS[3], string.format('%d', now + ttl), id)
 redis.call('HSET', KEYS[4], id, tok .. ':' .. nows .. ':' .. ARGV[4], '#limit', ARGV[3])
 keep()
-return {1, tok, nows}
+return tok
 `
 
 // semReleaseSrc removes this holder's permit, if it is still there, and
