@@ -86,10 +86,13 @@ const maxEscaped = 160
 // percent-encoded; a result longer than 160 bytes is cut to 96 and followed
 // by '~' and a SHA-256 of the whole name ('~' appears in no unhashed result).
 func Escape(name string) string {
+	if verbatim(name) {
+		return name // the common case, without an allocation
+	}
 	var b strings.Builder
 	for i := 0; i < len(name); i++ {
 		c := name[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' {
+		if safe(c) {
 			b.WriteByte(c)
 			continue
 		}
@@ -137,6 +140,24 @@ func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, 
 		return o, err
 	}
 	return o, lock.ValidateName(name)
+}
+
+// verbatim reports whether Escape keeps name as it is.
+func verbatim(name string) bool {
+	if len(name) > maxEscaped {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if !safe(name[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// safe reports whether Escape keeps byte c as it is.
+func safe(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }
 
 // Acquire is the frame of a factory's Acquire: it resolves the call's

@@ -20,6 +20,15 @@ func TestEscape(t *testing.T) {
 			t.Errorf("Escape(%q) = %q, want %q", in, got, want)
 		}
 	}
+	if e := backend.Escape(strings.Repeat("a", 160)); e != strings.Repeat("a", 160) {
+		t.Errorf("a plain name of 160 bytes escaped to %q", e)
+	}
+	if e := backend.Escape(strings.Repeat("a", 161)); !strings.HasPrefix(e, strings.Repeat("a", 96)+"~") {
+		t.Errorf("a plain name of 161 bytes escaped to %q, want it cut and hashed", e)
+	}
+	if n := testing.AllocsPerRun(100, func() { backend.Escape("nightly-import") }); n != 0 {
+		t.Errorf("Escape of a plain name allocates %v times", n)
+	}
 	long := strings.Repeat("é", lock.MaxNameLen/2)
 	if e := backend.Escape(long); len(e) > 200 || !strings.Contains(e, "~") {
 		t.Errorf("long name escaped to %d bytes: %q", len(e), e)

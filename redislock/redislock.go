@@ -211,7 +211,7 @@ func keysFor(prefix, name string) keys {
 	}
 	// All five are <prefix>{<escaped name>}:<suffix>; build them in one
 	// allocation, as every Acquire does this.
-	esc := escape(name)
+	esc := backend.Escape(name)
 	suffixes := [...]string{"lock", "token", "slots", "permits", "released"}
 	n := 0
 	for _, x := range suffixes {
@@ -234,26 +234,6 @@ func keysFor(prefix, name string) keys {
 		permits: all[ends[2]:ends[3]], channel: all[ends[3]:ends[4]],
 	}
 }
-
-// escape is backend.Escape, without its allocations for the usual name
-// that is short and made of letters, digits, '_' and '-' only, which
-// backend.Escape keeps as it is (a test holds the two equal).
-func escape(name string) string {
-	if len(name) > maxVerbatim {
-		return backend.Escape(name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-			return backend.Escape(name)
-		}
-	}
-	return name
-}
-
-// maxVerbatim is a length up to which backend.Escape keeps a name that
-// needs no escaping unchanged.
-const maxVerbatim = 96
 
 func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
 
