@@ -163,14 +163,18 @@ func safe(c byte) bool {
 // Acquire is the frame of a factory's Acquire: it resolves the call's
 // options, runs take with them unless that failed, and reports the outcome
 // as one lock.OpAcquire event (latency from the call, the wait take
-// reports, the token). take returns the wait it spent queued.
-func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resolve func() (lock.Options, error), take func(o *lock.Options) (H, time.Duration, error)) (H, error) {
+// reports, the token) through the resolved options. take returns the wait
+// it spent queued.
+func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resolve func() (*lock.Options, error), take func(o *lock.Options) (H, time.Duration, error)) (H, error) {
 	start := time.Now()
 	o, err := resolve()
+	if o == nil {
+		o = &lock.Options{}
+	}
 	var h H
 	var wait time.Duration
 	if err == nil {
-		h, wait, err = take(&o)
+		h, wait, err = take(o)
 	}
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if err == nil {

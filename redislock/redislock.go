@@ -270,19 +270,9 @@ func (f *Factory) callOptions(name string, opts []Option) (*lock.Options, error)
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	start := time.Now()
-	o, err := f.callOptions(name, opts)
-	if err != nil {
-		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
-		return nil, err
-	}
-	h, wait, err := f.take(ctx, name, o, o.Renew(renew))
-	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
-	if h != nil {
-		e.Token = h.token
-	}
-	o.Report(ctx, e)
-	return h, err
+	return backend.Acquire(ctx, backendName, name,
+		func() (*lock.Options, error) { return f.callOptions(name, opts) },
+		func(o *lock.Options) (*Holder, time.Duration, error) { return f.take(ctx, name, o, o.Renew(renew)) })
 }
 
 // attempt is the outcome of one run of the acquire script.
