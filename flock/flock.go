@@ -87,6 +87,9 @@ type Factory struct {
 	dir    string       // opts.Dir resolved, or its error in err
 	sweepN atomic.Int64 // unix nanos before which autoPrune of dir need not look
 
+	plain   bool        // opts are valid: an Acquire without options uses them as they are
+	closing atomic.Bool // set with closed: idle descriptors are no longer kept
+
 	mu      sync.Mutex
 	holders map[*Holder]struct{}
 	timer   *time.Timer // verifies held files
@@ -111,6 +114,7 @@ func NewFactory(opts ...Option) *Factory {
 			f.err = fmt.Errorf("flock: %w", err)
 		}
 	}
+	f.plain = f.err == nil && checkPermits(&f.opts) == nil
 	return f
 }
 
@@ -166,6 +170,7 @@ func (f *Factory) Close() error {
 		return nil
 	}
 	f.closed = true
+	f.closing.Store(true)
 	f.cancel()
 	held := make([]*Holder, 0, len(f.holders))
 	for h := range f.holders {
@@ -179,6 +184,7 @@ func (f *Factory) Close() error {
 	for _, h := range held {
 		h.lose()
 	}
+	closeIdle(f)
 	f.wg.Wait()
 	return nil
 }
@@ -220,8 +226,14 @@ func resolveDir(dir string) (string, error) {
 	return filepath.Clean(dir), nil
 }
 
-func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+// resolve returns the options of a call. Without options of its own a call
+// shares the factory's, which nobody changes, instead of copying them.
+func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
+	if len(opts) == 0 && f.plain {
+		return &f.opts, lock.ValidateName(name)
+	}
+	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+	return &o, err
 }
 
 func checkPermits(o *lock.Options) error {
@@ -237,7 +249,7 @@ func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Hol
 	var h *Holder
 	var wait time.Duration
 	if err == nil {
-		h, wait, err = f.take(ctx, name, &o, start)
+		h, wait, err = f.take(ctx, name, o, start)
 	}
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if h != nil {
@@ -251,32 +263,36 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	if f.isClosed() {
+	if f.closing.Load() {
 		return nil, 0, lock.ErrClosed
 	}
 	dir, err := f.dirOf(o)
 	if err != nil {
 		return nil, 0, err
 	}
-	esc := backend.Escape(name)
-	c := &call{f: f, ctx: ctx, name: name, o: o, limit: o.Limit(), dir: dir, esc: esc, start: start}
-	c.namePath = c.file(".lock")
+	c := &call{f: f, ctx: ctx, name: name, o: o, limit: o.Limit(), dir: dir, start: start}
+	m := mutexAttempt{fd: noFile}
+	var s *semAttempt
+	if c.limit > 1 {
+		s = newSemAttempt(c.limit)
+	} else if !sysKeepOpen {
+		// Every release closes: there is nothing idle to take.
+	} else if e, ok := takeIdle(dir, name); ok {
+		c.esc, c.namePath = e.esc, e.path
+		m.fd, m.board, m.cached = e.fd, e.board, true
+		m.stale = start.Sub(e.since) > f.idleTrust()
+	}
+	if c.namePath == "" {
+		c.esc = backend.Escape(name)
+		c.namePath = c.file(".lock")
+	}
+	esc := c.esc
 	f.autoPrune(dir, pruneAfter(o), start)
-
-	var a interface {
-		try(c *call) (*Holder, error)
-		close()
-	}
-	if c.limit == 1 {
-		a = &mutexAttempt{fd: noFile}
-	} else {
-		a = newSemAttempt(c.limit)
-	}
-	defer a.close()
 
 	var (
 		q         *waitq
 		stopWatch func()
+		uncount   func()
 		timer     *time.Timer
 		began     time.Time
 		backoff   time.Duration
@@ -284,9 +300,15 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		swept     int
 	)
 	defer func() {
+		if s != nil {
+			s.close()
+		} else {
+			m.close()
+		}
 		if q != nil {
 			unsubscribe(waitKey(dir, esc), q)
 			stopWatch()
+			uncount()
 			timer.Stop()
 		}
 	}()
@@ -301,11 +323,16 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		if q != nil {
 			signal = q.signal()
 		}
-		h, err := a.try(c)
+		var h *Holder
+		if s != nil {
+			h, err = s.try(c)
+		} else {
+			h, err = m.try(c)
+		}
 		switch {
 		case err == nil:
 			if !f.track(h) {
-				h.closeFiles()
+				h.closeFiles(false)
 				return nil, waited(), lock.ErrClosed
 			}
 			return h, waited(), nil
@@ -327,9 +354,15 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 			// first attempt and the subscription is not missed.
 			began = time.Now()
 			q = subscribe(waitKey(dir, esc))
+			uncount = func() {}
 			var inotified bool
 			if stopWatch, inotified = watchDir(dir); inotified {
-				ceiling = maxPollInotified
+				// Count this waiter before the next try, so that a
+				// release in another process after it closes its file
+				// and so makes the event inotify reports.
+				if uncount, inotified = countWaiter(dir, esc); inotified {
+					ceiling = maxPollInotified
+				}
 			}
 			backoff = minPoll
 			timer = time.NewTimer(time.Hour)
@@ -349,10 +382,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 	}
 }
 
-func (f *Factory) isClosed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.closed
+// idleTrust is how long an idle descriptor is taken back without
+// comparing it with the file at its path: the check interval, within
+// which a held file moved away is noticed too.
+func (f *Factory) idleTrust() time.Duration {
+	if f.check > 0 {
+		return f.check
+	}
+	return DefaultCheckInterval
 }
 
 // open opens (creating) a file of the call's name, creating the directory
@@ -435,7 +472,10 @@ const maxDeadSpins = 3
 // mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
 type mutexAttempt struct {
 	fd     sysFile
-	reused bool // fd was opened before an earlier, failed try
+	board  *board // the board reference that came with an idle fd, or nil
+	reused bool   // fd was opened before an earlier, failed try
+	cached bool   // fd was idle (see idle.go)
+	stale  bool   // and idle for longer than the factory's idleTrust
 }
 
 func (m *mutexAttempt) drop() {
@@ -443,9 +483,14 @@ func (m *mutexAttempt) drop() {
 		sysClose(m.fd)
 		m.fd = noFile
 	}
+	m.cached, m.stale = false, false
 }
 
-func (m *mutexAttempt) close() { m.drop() }
+func (m *mutexAttempt) close() {
+	m.drop()
+	m.board.drop()
+	m.board = nil
+}
 
 func (m *mutexAttempt) try(c *call) (*Holder, error) {
 	for spins := 0; ; spins++ {
@@ -487,9 +532,19 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 			}
 			continue
 		}
-		if m.reused {
+		if m.reused || m.stale {
 			// Opened long ago: make sure it is still the file at the path.
 			if same, err := sysSameFile(m.fd, c.namePath); err != nil || !same {
+				m.drop()
+				if err != nil {
+					return nil, fmt.Errorf("flock: %w", err)
+				}
+				continue
+			}
+		} else if m.cached {
+			// Idle for moments: a sweep would have marked it dead; make
+			// sure nobody else removed it.
+			if linked, err := sysLinked(m.fd); err != nil || !linked {
 				m.drop()
 				if err != nil {
 					return nil, fmt.Errorf("flock: %w", err)
@@ -515,7 +570,8 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 			return nil, err
 		}
 		h := c.newHolder(m.fd, noFile, "", token, now)
-		m.fd = noFile
+		h.keep, h.board = sysKeepOpen, m.board
+		m.fd, m.board = noFile, nil
 		return h, nil
 	}
 }
@@ -776,9 +832,13 @@ func lockSpin(ctx context.Context, fd sysFile, exclusive bool) error {
 }
 
 func (c *call) newHolder(nameFd, slotFd sysFile, slotPath string, token uint64, now time.Time) *Holder {
+	ctx := c.ctx
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
 	return &Holder{
 		f: c.f, name: c.name, dir: c.dir, esc: c.esc, path: c.namePath, slotPath: slotPath,
-		token: token, since: now, opts: c.o, ctx: context.WithoutCancel(c.ctx),
+		token: token, since: now, opts: c.o, ctx: ctx,
 		state: backend.NewState(), nameFd: nameFd, slotFd: slotFd,
 	}
 }
@@ -796,6 +856,9 @@ type Holder struct {
 	opts     *lock.Options
 	ctx      context.Context // the Acquire context without its cancellation, for reports
 	state    *backend.State
+
+	keep  bool   // a mutex: Release may keep nameFd open (see idle.go)
+	board *board // a reference to the directory's board, or nil
 
 	mu     sync.Mutex
 	nameFd sysFile
@@ -825,12 +888,13 @@ func (h *Holder) Path() string {
 	return h.path
 }
 
-// Release gives the lock up by closing the holder's files; the kernel
-// frees the lock at once. The files stay for the next holder (sweeps
-// remove them later). Release is idempotent; after a loss it returns an
-// error matching ErrLockLost.
+// Release gives the lock up by closing the holder's files, or for a mutex
+// by unlocking its file and keeping it open for the next Acquire of the
+// name in this process; the kernel frees the lock at once. The files stay
+// for the next holder (sweeps remove them later). Release is idempotent;
+// after a loss it returns an error matching ErrLockLost.
 func (h *Holder) Release() error {
-	if h.closeFiles() {
+	if h.closeFiles(true) {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
 		if h.state.End() {
@@ -840,8 +904,9 @@ func (h *Holder) Release() error {
 	return h.state.Err()
 }
 
-// closeFiles reports whether this call closed them.
-func (h *Holder) closeFiles() bool {
+// closeFiles gives the holder's files up, and reports whether this call
+// did. With keep a mutex's descriptor may stay open, unlocked (keepFile).
+func (h *Holder) closeFiles(keep bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -851,12 +916,41 @@ func (h *Holder) closeFiles() bool {
 	if h.slotFd != noFile {
 		sysClose(h.slotFd)
 	}
-	sysClose(h.nameFd)
+	if keep && h.keep {
+		h.keepFile()
+	} else {
+		sysClose(h.nameFd)
+		h.board.drop()
+	}
+	h.board = nil
 	return true
 }
 
+// keepFile unlocks the holder's descriptor and leaves it open for the next
+// Acquire of the name in this process, unless a waiter in another process
+// needs its close to learn of the release (see board_linux.go). It unlocks
+// before it looks: a waiter that counts itself after the look tries after
+// the unlock, and succeeds.
+func (h *Holder) keepFile() {
+	fd, b := h.nameFd, h.board
+	if err := sysUnlock(fd); err != nil {
+		sysClose(fd)
+		b.drop()
+		return
+	}
+	if b == nil {
+		b = holdBoard(h.dir)
+	}
+	if othersWait(b, h.esc) {
+		sysClose(fd)
+		b.drop()
+		return
+	}
+	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: time.Now()})
+}
+
 func (h *Holder) lose() {
-	if !h.closeFiles() {
+	if !h.closeFiles(false) {
 		return
 	}
 	h.f.untrack(h)
