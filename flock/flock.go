@@ -84,8 +84,9 @@ type Factory struct {
 	opts   lock.Options
 	err    error
 	check  time.Duration
-	dir    string       // opts.Dir resolved, or its error in err
-	sweepN atomic.Int64 // unix nanos before which autoPrune of dir need not look
+	prune  time.Duration // pruneAfter(&opts)
+	dir    string        // opts.Dir resolved, or its error in err
+	sweepN atomic.Int64  // unix nanos before which autoPrune of dir need not look
 
 	plain   bool        // opts are valid: an Acquire without options uses them as they are
 	closing atomic.Bool // set with closed: idle descriptors are no longer kept
@@ -106,7 +107,7 @@ func NewFactory(opts ...Option) *Factory {
 	o, err := lock.Apply(lock.Options{}, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Factory{
-		opts: o, err: err, check: checkInterval(&o),
+		opts: o, err: err, check: checkInterval(&o), prune: pruneAfter(&o),
 		holders: map[*Holder]struct{}{}, ctx: ctx, cancel: cancel,
 	}
 	if f.err == nil {
@@ -287,7 +288,11 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		c.namePath = c.file(".lock")
 	}
 	esc := c.esc
-	f.autoPrune(dir, pruneAfter(o), start)
+	prune := f.prune
+	if o != &f.opts {
+		prune = pruneAfter(o)
+	}
+	f.autoPrune(dir, prune, start)
 
 	var (
 		q         *waitq
@@ -332,7 +337,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		switch {
 		case err == nil:
 			if !f.track(h) {
-				h.closeFiles(false)
+				h.closeFiles(false, time.Time{})
 				return nil, waited(), lock.ErrClosed
 			}
 			return h, waited(), nil
@@ -839,7 +844,7 @@ func (c *call) newHolder(nameFd, slotFd sysFile, slotPath string, token uint64, 
 	return &Holder{
 		f: c.f, name: c.name, dir: c.dir, esc: c.esc, path: c.namePath, slotPath: slotPath,
 		token: token, since: now, opts: c.o, ctx: ctx,
-		state: backend.NewState(), nameFd: nameFd, slotFd: slotFd,
+		nameFd: nameFd, slotFd: slotFd,
 	}
 }
 
@@ -855,7 +860,13 @@ type Holder struct {
 	since    time.Time
 	opts     *lock.Options
 	ctx      context.Context // the Acquire context without its cancellation, for reports
-	state    *backend.State
+
+	// The end of the lock: a release (err nil) or a loss. done is made by
+	// the first Done, as most holders are released without one.
+	smu   sync.Mutex
+	done  chan struct{}
+	ended bool
+	err   error
 
 	keep  bool   // a mutex: Release may keep nameFd open (see idle.go)
 	board *board // a reference to the directory's board, or nil
@@ -870,11 +881,46 @@ type Holder struct {
 func (h *Holder) Token() uint64 { return h.token }
 
 // Done is closed when the lock is released or lost.
-func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
+func (h *Holder) Done() <-chan struct{} {
+	h.smu.Lock()
+	defer h.smu.Unlock()
+	if h.done == nil {
+		if h.ended {
+			return closedDone
+		}
+		h.done = make(chan struct{})
+	}
+	return h.done
+}
+
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Err is nil while held or after Release, and matches ErrLockLost once
 // lost.
-func (h *Holder) Err() error { return h.state.Err() }
+func (h *Holder) Err() error {
+	h.smu.Lock()
+	defer h.smu.Unlock()
+	return h.err
+}
+
+// end records the release (err nil) or loss of the lock, and reports
+// whether this call did: only the first counts.
+func (h *Holder) end(err error) bool {
+	h.smu.Lock()
+	defer h.smu.Unlock()
+	if h.ended {
+		return false
+	}
+	h.ended, h.err = true, err
+	if h.done != nil {
+		close(h.done)
+	}
+	return true
+}
 
 // Name is the name the lock was acquired under.
 func (h *Holder) Name() string { return h.name }
@@ -894,19 +940,21 @@ func (h *Holder) Path() string {
 // for the next holder (sweeps remove them later). Release is idempotent;
 // after a loss it returns an error matching ErrLockLost.
 func (h *Holder) Release() error {
-	if h.closeFiles(true) {
+	now := time.Now()
+	if h.closeFiles(true, now) {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
-		if h.state.End() {
-			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
+		if h.end(nil) {
+			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: now.Sub(h.since)})
 		}
 	}
-	return h.state.Err()
+	return h.Err()
 }
 
 // closeFiles gives the holder's files up, and reports whether this call
-// did. With keep a mutex's descriptor may stay open, unlocked (keepFile).
-func (h *Holder) closeFiles(keep bool) bool {
+// did. With keep a mutex's descriptor may stay open, unlocked (keepFile);
+// now is the time of the release.
+func (h *Holder) closeFiles(keep bool, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -917,7 +965,7 @@ func (h *Holder) closeFiles(keep bool) bool {
 		sysClose(h.slotFd)
 	}
 	if keep && h.keep {
-		h.keepFile()
+		h.keepFile(now)
 	} else {
 		sysClose(h.nameFd)
 		h.board.drop()
@@ -931,7 +979,7 @@ func (h *Holder) closeFiles(keep bool) bool {
 // needs its close to learn of the release (see board_linux.go). It unlocks
 // before it looks: a waiter that counts itself after the look tries after
 // the unlock, and succeeds.
-func (h *Holder) keepFile() {
+func (h *Holder) keepFile(now time.Time) {
 	fd, b := h.nameFd, h.board
 	if err := sysUnlock(fd); err != nil {
 		sysClose(fd)
@@ -946,16 +994,16 @@ func (h *Holder) keepFile() {
 		b.drop()
 		return
 	}
-	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: time.Now()})
+	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: now})
 }
 
 func (h *Holder) lose() {
-	if !h.closeFiles(false) {
+	if !h.closeFiles(false, time.Time{}) {
 		return
 	}
 	h.f.untrack(h)
 	wakeName(h.dir, h.esc)
-	if h.state.Lose(ErrLockLost) {
+	if h.end(ErrLockLost) {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
 	}
 }

@@ -215,3 +215,28 @@ func TestPruneKeepsTokensAboveFence(t *testing.T) {
 		h.Release()
 	}
 }
+
+func TestAtou(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		base uint64
+		want uint64
+		ok   bool
+	}{
+		{"0", 10, 0, true},
+		{"1764480000000000001", 10, 1764480000000000001, true},
+		{"18446744073709551615", 10, 1<<64 - 1, true},
+		{"18446744073709551616", 10, 0, false},
+		{"99999999999999999999", 10, 0, false},
+		{"ffffffff", 16, 1<<32 - 1, true},
+		{"ffffffffffffffff", 16, 1<<64 - 1, true},
+		{"10000000000000000", 16, 0, false},
+		{"", 10, 0, false},
+		{"12a", 10, 0, false},
+		{"-1", 10, 0, false},
+	} {
+		if got, ok := atou([]byte(tc.in), tc.base); got != tc.want || ok != tc.ok {
+			t.Errorf("atou(%q, %d) = %d, %v; want %d, %v", tc.in, tc.base, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -57,11 +57,12 @@ func (r *record) appendBody(b []byte) []byte {
 		b = append(b, "dead 1\n"...)
 	}
 	if r.pid != 0 {
-		b = append(b, "pid "...)
-		b = strconv.AppendInt(b, int64(r.pid), 10)
-		b = append(b, "\nhost "...)
-		b = strconv.AppendQuote(b, r.host)
-		b = append(b, "\nsince "...)
+		if r.pid == pid && r.host == hostname() {
+			b = append(b, selfLines()...)
+		} else {
+			b = appendPidHost(b, r.pid, r.host)
+		}
+		b = append(b, "since "...)
 		b = time.Unix(0, r.since).UTC().AppendFormat(b, time.RFC3339Nano)
 		b = append(b, '\n')
 	}
@@ -83,19 +84,39 @@ func (r *record) appendBody(b []byte) []byte {
 	return b
 }
 
+func appendPidHost(b []byte, pid int, host string) []byte {
+	b = append(b, "pid "...)
+	b = strconv.AppendInt(b, int64(pid), 10)
+	b = append(b, "\nhost "...)
+	b = strconv.AppendQuote(b, host)
+	return append(b, '\n')
+}
+
+// selfLines are the pid and host lines of this process's records.
+var selfLines = sync.OnceValue(func() []byte { return appendPidHost(nil, pid, hostname()) })
+
+// maxHead bounds a record's header line: the magic, the body's length
+// (at most 20 digits), a space, the checksum (8) and a newline.
+const maxHead = len(recordMagic) + 20 + 1 + 8 + 1
+
 // encode appends the record as written to disk to dst.
 func (r *record) encode(dst []byte) []byte {
-	sp := bufs.Get().(*[]byte)
-	body := r.appendBody((*sp)[:0])
-	dst = append(dst, recordMagic...)
-	dst = strconv.AppendInt(dst, int64(len(body)), 10)
-	dst = append(dst, ' ')
-	dst = appendHex32(dst, crc32.ChecksumIEEE(body))
-	dst = append(dst, '\n')
-	dst = append(dst, body...)
-	*sp = body
-	bufs.Put(sp)
-	return dst
+	// The body goes first, after room for the header, which needs the
+	// body's length and checksum; the header then goes right before it.
+	start := len(dst)
+	dst = append(dst, make([]byte, maxHead)...)
+	dst = r.appendBody(dst)
+	body := dst[start+maxHead:]
+	var hb [maxHead]byte
+	head := append(hb[:0], recordMagic...)
+	head = strconv.AppendInt(head, int64(len(body)), 10)
+	head = append(head, ' ')
+	head = appendHex32(head, crc32.ChecksumIEEE(body))
+	head = append(head, '\n')
+	at := start + maxHead - len(head)
+	copy(dst[at:], head)
+	n := copy(dst[start:], dst[at:])
+	return dst[:start+n]
 }
 
 func appendHex32(b []byte, v uint32) []byte {
@@ -162,6 +183,11 @@ func atou(b []byte, base uint64) (uint64, bool) {
 	if len(b) == 0 || len(b) > 20 {
 		return 0, false
 	}
+	const maxU = 1<<64 - 1
+	cutoff := uint64(maxU / 10) // v*base overflows above it; no division per digit
+	if base == 16 {
+		cutoff = maxU / 16
+	}
 	var v uint64
 	for _, c := range b {
 		var d uint64
@@ -173,7 +199,7 @@ func atou(b []byte, base uint64) (uint64, bool) {
 		default:
 			return 0, false
 		}
-		if v > (1<<64-1-d)/base {
+		if v > cutoff || v*base > maxU-d {
 			return 0, false // overflow
 		}
 		v = v*base + d
