@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -244,6 +245,13 @@ func checkPermits(o *lock.Options) error {
 	return nil
 }
 
+// reported reports whether a successful acquire's or a release's event
+// goes anywhere, as Options.Report decides: to an observer, or to a logger
+// that logs at debug level.
+func reported(ctx context.Context, o *lock.Options) bool {
+	return o.Observer != nil || o.Log().Enabled(ctx, slog.LevelDebug)
+}
+
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := f.resolve(name, opts)
@@ -251,6 +259,9 @@ func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Hol
 	var wait time.Duration
 	if err == nil {
 		h, wait, err = f.take(ctx, name, o, start)
+	}
+	if err == nil && !reported(ctx, o) {
+		return h, nil // spares the clock read of the latency
 	}
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if h != nil {
@@ -337,7 +348,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		switch {
 		case err == nil:
 			if !f.track(h) {
-				h.closeFiles(false, time.Time{})
+				h.closeFiles(false)
 				return nil, waited(), lock.ErrClosed
 			}
 			return h, waited(), nil
@@ -940,21 +951,19 @@ func (h *Holder) Path() string {
 // for the next holder (sweeps remove them later). Release is idempotent;
 // after a loss it returns an error matching ErrLockLost.
 func (h *Holder) Release() error {
-	now := time.Now()
-	if h.closeFiles(true, now) {
+	if h.closeFiles(true) {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
-		if h.end(nil) {
-			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: now.Sub(h.since)})
+		if h.end(nil) && reported(h.ctx, h.opts) {
+			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
 		}
 	}
 	return h.Err()
 }
 
 // closeFiles gives the holder's files up, and reports whether this call
-// did. With keep a mutex's descriptor may stay open, unlocked (keepFile);
-// now is the time of the release.
-func (h *Holder) closeFiles(keep bool, now time.Time) bool {
+// did. With keep a mutex's descriptor may stay open, unlocked (keepFile).
+func (h *Holder) closeFiles(keep bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -965,7 +974,7 @@ func (h *Holder) closeFiles(keep bool, now time.Time) bool {
 		sysClose(h.slotFd)
 	}
 	if keep && h.keep {
-		h.keepFile(now)
+		h.keepFile()
 	} else {
 		sysClose(h.nameFd)
 		h.board.drop()
@@ -979,7 +988,7 @@ func (h *Holder) closeFiles(keep bool, now time.Time) bool {
 // needs its close to learn of the release (see board_linux.go). It unlocks
 // before it looks: a waiter that counts itself after the look tries after
 // the unlock, and succeeds.
-func (h *Holder) keepFile(now time.Time) {
+func (h *Holder) keepFile() {
 	fd, b := h.nameFd, h.board
 	if err := sysUnlock(fd); err != nil {
 		sysClose(fd)
@@ -994,11 +1003,11 @@ func (h *Holder) keepFile(now time.Time) {
 		b.drop()
 		return
 	}
-	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: now})
+	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: h.since})
 }
 
 func (h *Holder) lose() {
-	if !h.closeFiles(false, time.Time{}) {
+	if !h.closeFiles(false) {
 		return
 	}
 	h.f.untrack(h)

@@ -19,10 +19,11 @@ import (
 //   - After locking a cached descriptor the attempt reads the record as
 //     always: a file a sweep marked dead is dropped and the path opened
 //     again. A file with no name left (deleted or replaced by hand, or by
-//     a /tmp cleaner) is dropped too (sysLinked). One that sat in the
-//     cache longer than the check interval is compared with the file at
-//     the path, as a waiter's descriptor is; a file moved away by hand in
-//     between is thus noticed within the check interval, as for a holder.
+//     a /tmp cleaner) is dropped too (sysLinked). One last checked (at
+//     its previous acquire) longer than the check interval ago is
+//     compared with the file at the path, as a waiter's descriptor is; a
+//     file moved away by hand is thus noticed within the check interval,
+//     as for a holder.
 //   - A release that keeps its descriptor makes no close event, which is
 //     how waiters in other processes learn of a release: it keeps it only
 //     when no process waits for the name (see board_linux.go).
@@ -35,7 +36,7 @@ type idleFile struct {
 	esc, path string
 	board     *board // a reference to the directory's board, or nil
 	owner     *Factory
-	since     time.Time // when it was released
+	since     time.Time // when it was last checked: its holder's acquire (a held file is checked by verify)
 }
 
 var idle = struct {
