@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -40,12 +41,17 @@ var boards = struct {
 }{m: map[string]*board{}, bad: map[string]bool{}}
 
 // board is one directory's mapped counters, shared by the users of the
-// directory in this process and unmapped when the last lets go.
+// directory in this process and unmapped boardLinger after the last lets
+// go, so that waits and releases that come and go do not map it anew
+// each time.
 type board struct {
-	dir  string
-	refs int
-	mem  []byte
+	dir   string
+	refs  int
+	mem   []byte
+	unmap *time.Timer // runs boardLinger after refs fell to 0
 }
+
+const boardLinger = time.Second
 
 // holdBoard returns dir's board with a reference for the caller, or nil
 // when it cannot be mapped (a release then always closes, and a waiter
@@ -54,7 +60,9 @@ func holdBoard(dir string) *board {
 	boards.Lock()
 	defer boards.Unlock()
 	if b := boards.m[dir]; b != nil {
-		b.refs++
+		if b.refs++; b.refs == 1 && b.unmap != nil {
+			b.unmap.Stop()
+		}
 		return b
 	}
 	if boards.bad[dir] {
@@ -98,10 +106,22 @@ func (b *board) drop() {
 	}
 	boards.Lock()
 	defer boards.Unlock()
-	if b.refs--; b.refs == 0 {
+	if b.refs--; b.refs > 0 {
+		return
+	}
+	if b.unmap != nil {
+		b.unmap.Reset(boardLinger)
+		return
+	}
+	b.unmap = time.AfterFunc(boardLinger, func() {
+		boards.Lock()
+		defer boards.Unlock()
+		if b.refs > 0 || boards.m[b.dir] != b {
+			return // taken up again meanwhile
+		}
 		delete(boards.m, b.dir)
 		unix.Munmap(b.mem)
-	}
+	})
 }
 
 // slot is the counter of the name whose escaped form is esc.

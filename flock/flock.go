@@ -985,21 +985,16 @@ func (h *Holder) closeFiles(keep bool) bool {
 
 // keepFile unlocks the holder's descriptor and leaves it open for the next
 // Acquire of the name in this process, unless a waiter in another process
-// needs its close to learn of the release (see board_linux.go). It unlocks
-// before it looks: a waiter that counts itself after the look tries after
-// the unlock, and succeeds.
+// needs its close to learn of the release (see board_linux.go). It decides
+// to keep only after the unlock: a waiter that counts itself after that
+// look tries after the unlock, and succeeds.
 func (h *Holder) keepFile() {
 	fd, b := h.nameFd, h.board
-	if err := sysUnlock(fd); err != nil {
-		sysClose(fd)
-		b.drop()
-		return
-	}
 	if b == nil {
 		b = holdBoard(h.dir)
 	}
-	if othersWait(b, h.esc) {
-		sysClose(fd)
+	if othersWait(b, h.esc) || sysUnlock(fd) != nil || othersWait(b, h.esc) {
+		sysClose(fd) // a close unlocks, and is the event waiters need
 		b.drop()
 		return
 	}
