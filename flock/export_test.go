@@ -8,6 +8,6 @@ func Waiters() int64 { return waits.n.Load() }
 func Idle(dir, name string) bool {
 	idle.Lock()
 	defer idle.Unlock()
-	_, ok := idle.m[idleKey{dir, name}]
-	return ok
+	e := idle.m[idleKey{dir, name}]
+	return e != nil && e.fd != noFile
 }

@@ -92,14 +92,14 @@ type Factory struct {
 	plain   bool        // opts are valid: an Acquire without options uses them as they are
 	closing atomic.Bool // set with closed: idle descriptors are no longer kept
 
-	mu      sync.Mutex
-	holders map[*Holder]struct{}
-	timer   *time.Timer // verifies held files
-	armed   bool        // timer is pending
-	closed  bool
-	ctx     context.Context // cancelled by Close: stops waiters and sweeps
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	held   *Holder     // the holders, linked through Holder.prev and next
+	timer  *time.Timer // verifies held files
+	armed  bool        // timer is pending
+	closed bool
+	ctx    context.Context // cancelled by Close: stops waiters and sweeps
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // NewFactory returns a factory whose options are the defaults for every
@@ -109,7 +109,7 @@ func NewFactory(opts ...Option) *Factory {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Factory{
 		opts: o, err: err, check: checkInterval(&o), prune: pruneAfter(&o),
-		holders: map[*Holder]struct{}{}, ctx: ctx, cancel: cancel,
+		ctx: ctx, cancel: cancel,
 	}
 	if f.err == nil {
 		if f.dir, err = resolveDir(o.Dir); err != nil {
@@ -174,10 +174,7 @@ func (f *Factory) Close() error {
 	f.closed = true
 	f.closing.Store(true)
 	f.cancel()
-	held := make([]*Holder, 0, len(f.holders))
-	for h := range f.holders {
-		held = append(held, h)
-	}
+	held := f.heldList()
 	if f.timer != nil {
 		f.timer.Stop()
 		f.armed = false
@@ -879,6 +876,8 @@ type Holder struct {
 	ended bool
 	err   error
 
+	prev, next *Holder // in the factory's list, under f.mu
+
 	keep  bool   // a mutex: Release may keep nameFd open (see idle.go)
 	board *board // a reference to the directory's board, or nil
 
@@ -1037,7 +1036,10 @@ func (f *Factory) track(h *Holder) bool {
 	if f.closed {
 		return false
 	}
-	f.holders[h] = struct{}{}
+	if h.next = f.held; h.next != nil {
+		h.next.prev = h
+	}
+	f.held = h
 	if f.check > 0 && !f.armed {
 		if f.timer == nil {
 			f.timer = time.AfterFunc(f.check, f.verify)
@@ -1051,8 +1053,28 @@ func (f *Factory) track(h *Holder) bool {
 
 func (f *Factory) untrack(h *Holder) {
 	f.mu.Lock()
-	delete(f.holders, h)
-	f.mu.Unlock()
+	defer f.mu.Unlock()
+	switch {
+	case h.prev != nil:
+		h.prev.next = h.next
+	case f.held == h:
+		f.held = h.next
+	default:
+		return // not tracked
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	}
+	h.prev, h.next = nil, nil
+}
+
+// heldList returns the factory's holders; the caller holds f.mu.
+func (f *Factory) heldList() []*Holder {
+	var held []*Holder
+	for h := f.held; h != nil; h = h.next {
+		held = append(held, h)
+	}
+	return held
 }
 
 // verify runs every check interval while the factory holds locks; the
@@ -1060,10 +1082,7 @@ func (f *Factory) untrack(h *Holder) {
 // which keeps timer work off the acquire and release path.
 func (f *Factory) verify() {
 	f.mu.Lock()
-	held := make([]*Holder, 0, len(f.holders))
-	for h := range f.holders {
-		held = append(held, h)
-	}
+	held := f.heldList()
 	f.mu.Unlock()
 	for _, h := range held {
 		if !h.inPlace() {
@@ -1071,7 +1090,7 @@ func (f *Factory) verify() {
 		}
 	}
 	f.mu.Lock()
-	if f.armed = len(f.holders) > 0 && !f.closed; f.armed {
+	if f.armed = f.held != nil && !f.closed; f.armed {
 		f.timer.Reset(f.check)
 	}
 	f.mu.Unlock()

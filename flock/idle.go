@@ -31,8 +31,11 @@ const maxIdle = 64
 
 type idleKey struct{ dir, name string }
 
+// idleFile is the cache's entry for a name: its idle descriptor, if it
+// has one. Entries stay while their descriptor is out with a holder, so
+// that the common cycle, take then put back, only looks the name up.
 type idleFile struct {
-	fd        sysFile
+	fd        sysFile // noFile while none is idle
 	esc, path string
 	board     *board // a reference to the directory's board, or nil
 	owner     *Factory
@@ -41,51 +44,70 @@ type idleFile struct {
 
 var idle = struct {
 	sync.Mutex
-	m map[idleKey]idleFile
-}{m: map[idleKey]idleFile{}}
+	m map[idleKey]*idleFile // at most maxIdle entries
+}{m: map[idleKey]*idleFile{}}
 
 // takeIdle hands the idle descriptor of name in dir, if there is one, to
 // the caller.
 func takeIdle(dir, name string) (idleFile, bool) {
-	k := idleKey{dir, name}
 	idle.Lock()
-	e, ok := idle.m[k]
-	if ok {
-		delete(idle.m, k)
+	defer idle.Unlock()
+	e := idle.m[idleKey{dir, name}]
+	if e == nil || e.fd == noFile {
+		return idleFile{}, false
 	}
-	idle.Unlock()
-	return e, ok
+	out := *e
+	e.fd, e.board = noFile, nil
+	return out, true
 }
 
-// putIdle keeps e, an unlocked descriptor of name, for the next Acquire;
-// it closes e instead when its factory is closing or name already has an
-// idle descriptor, and the oldest it finds when the cache is full.
-func putIdle(dir, name string, e idleFile) {
+// putIdle keeps in, an unlocked descriptor of name, for the next Acquire;
+// it closes in instead when its factory is closing or name already has an
+// idle descriptor. A name new to a full cache takes the place of one
+// without an idle descriptor, or else of the least recently checked one,
+// whose descriptor it closes.
+func putIdle(dir, name string, in idleFile) {
 	k := idleKey{dir, name}
 	idle.Lock()
-	_, dup := idle.m[k]
-	if dup || e.owner.closing.Load() {
+	e := idle.m[k]
+	if e != nil && e.fd != noFile || in.owner.closing.Load() {
 		idle.Unlock()
-		e.close()
+		in.close()
 		return
 	}
 	var out idleFile
-	evict := len(idle.m) >= maxIdle
-	if evict {
-		var victim idleKey
-		first := true
-		for k2, e2 := range idle.m {
-			if first || e2.since.Before(out.since) {
-				victim, out, first = k2, e2, false
-			}
+	evicted := false
+	if e == nil {
+		if len(idle.m) >= maxIdle {
+			out, evicted = evictIdle()
 		}
-		delete(idle.m, victim)
+		e = new(idleFile)
+		idle.m[k] = e
 	}
-	idle.m[k] = e
+	*e = in
 	idle.Unlock()
-	if evict {
+	if evicted {
 		out.close()
 	}
+}
+
+// evictIdle removes an entry from the full cache: one with no idle
+// descriptor if there is one, else the least recently checked, whose
+// descriptor the caller closes. The caller holds idle's lock.
+func evictIdle() (idleFile, bool) {
+	var victim idleKey
+	var ve *idleFile
+	for k, e := range idle.m {
+		if e.fd == noFile {
+			delete(idle.m, k)
+			return idleFile{}, false
+		}
+		if ve == nil || e.since.Before(ve.since) {
+			victim, ve = k, e
+		}
+	}
+	delete(idle.m, victim)
+	return *ve, true
 }
 
 func (e *idleFile) close() {
@@ -93,15 +115,19 @@ func (e *idleFile) close() {
 	e.board.drop()
 }
 
-// closeIdle closes the idle descriptors f put in the cache.
+// closeIdle closes the idle descriptors f put in the cache, and forgets
+// f's entries.
 func closeIdle(f *Factory) {
 	var out []idleFile
 	idle.Lock()
 	for k, e := range idle.m {
-		if e.owner == f {
-			out = append(out, e)
-			delete(idle.m, k)
+		if e.owner != f {
+			continue
 		}
+		if e.fd != noFile {
+			out = append(out, *e)
+		}
+		delete(idle.m, k)
 	}
 	idle.Unlock()
 	for i := range out {

@@ -13,8 +13,8 @@ import (
 func idleHas(dir, name string) bool {
 	idle.Lock()
 	defer idle.Unlock()
-	_, ok := idle.m[idleKey{dir, name}]
-	return ok
+	e := idle.m[idleKey{dir, name}]
+	return e != nil && e.fd != noFile
 }
 
 func mustTake(t *testing.T, f *Factory, name string) *Holder {
