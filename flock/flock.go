@@ -845,13 +845,9 @@ func lockSpin(ctx context.Context, fd sysFile, exclusive bool) error {
 }
 
 func (c *call) newHolder(nameFd, slotFd sysFile, slotPath string, token uint64, now time.Time) *Holder {
-	ctx := c.ctx
-	if ctx.Done() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
 	return &Holder{
 		f: c.f, name: c.name, dir: c.dir, esc: c.esc, path: c.namePath, slotPath: slotPath,
-		token: token, since: now, opts: c.o, ctx: ctx,
+		token: token, since: now, opts: c.o, ctx: c.ctx,
 		nameFd: nameFd, slotFd: slotFd,
 	}
 }
@@ -867,7 +863,7 @@ type Holder struct {
 	token    uint64
 	since    time.Time
 	opts     *lock.Options
-	ctx      context.Context // the Acquire context without its cancellation, for reports
+	ctx      context.Context // the Acquire context, for reports (see reportCtx)
 
 	// The end of the lock: a release (err nil) or a loss. done is made by
 	// the first Done, as most holders are released without one.
@@ -885,6 +881,16 @@ type Holder struct {
 	nameFd sysFile
 	slotFd sysFile
 	closed bool
+}
+
+// reportCtx is the Acquire context without its cancellation, which has
+// nothing to do with a release or a loss: detached when reporting, not at
+// every acquire.
+func (h *Holder) reportCtx() context.Context {
+	if h.ctx.Done() == nil {
+		return h.ctx
+	}
+	return context.WithoutCancel(h.ctx)
 }
 
 // Token is the fencing token, strictly increasing per name.
@@ -954,7 +960,7 @@ func (h *Holder) Release() error {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
 		if h.end(nil) && reported(h.ctx, h.opts) {
-			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
+			h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
 		}
 	}
 	return h.Err()
@@ -1007,7 +1013,7 @@ func (h *Holder) lose() {
 	h.f.untrack(h)
 	wakeName(h.dir, h.esc)
 	if h.end(ErrLockLost) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+		h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
 	}
 }
 

@@ -240,3 +240,16 @@ func TestAtou(t *testing.T) {
 		}
 	}
 }
+
+// appendSince writes what time.RFC3339Nano in UTC writes.
+func TestAppendSince(t *testing.T) {
+	now := time.Now().UnixNano()
+	for _, ns := range []int64{0, 1, 999999999, 1e9, 1e9 + 1, 1e9 + 100, 1764480000123456789, 1764480000100000000, 1764480000000000000, now, now + 1, now + 1e9, -1, -1e9 - 5} {
+		for i := 0; i < 2; i++ { // cold and cached second
+			want := time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
+			if got := string(appendSince(nil, ns)); got != want {
+				t.Errorf("appendSince(%d) = %q, want %q", ns, got, want)
+			}
+		}
+	}
+}

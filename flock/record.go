@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -63,7 +64,7 @@ func (r *record) appendBody(b []byte) []byte {
 			b = appendPidHost(b, r.pid, r.host)
 		}
 		b = append(b, "since "...)
-		b = time.Unix(0, r.since).UTC().AppendFormat(b, time.RFC3339Nano)
+		b = appendSince(b, r.since)
 		b = append(b, '\n')
 	}
 	if r.owner != "" {
@@ -94,6 +95,45 @@ func appendPidHost(b []byte, pid int, host string) []byte {
 
 // selfLines are the pid and host lines of this process's records.
 var selfLines = sync.OnceValue(func() []byte { return appendPidHost(nil, pid, hostname()) })
+
+// sinceSecond caches the date and time of one second as RFC 3339 UTC:
+// records written in the same second share it, and formatting a date is
+// most of the cost of encoding a record.
+type sinceSecond struct {
+	sec  int64
+	text string // 2006-01-02T15:04:05
+}
+
+var lastSecond atomic.Pointer[sinceSecond]
+
+// appendSince appends ns (unix nanoseconds) as time.RFC3339Nano in UTC
+// would.
+func appendSince(b []byte, ns int64) []byte {
+	if ns < 0 {
+		return time.Unix(0, ns).UTC().AppendFormat(b, time.RFC3339Nano)
+	}
+	sec, frac := ns/1e9, ns%1e9
+	c := lastSecond.Load()
+	if c == nil || c.sec != sec {
+		c = &sinceSecond{sec: sec, text: time.Unix(sec, 0).UTC().Format("2006-01-02T15:04:05")}
+		lastSecond.Store(c)
+	}
+	b = append(b, c.text...)
+	if frac != 0 {
+		var d [10]byte
+		d[0] = '.'
+		for i := 9; i >= 1; i-- {
+			d[i] = byte('0' + frac%10)
+			frac /= 10
+		}
+		n := 10
+		for d[n-1] == '0' {
+			n--
+		}
+		b = append(b, d[:n]...)
+	}
+	return append(b, 'Z')
+}
 
 // maxHead bounds a record's header line: the magic, the body's length
 // (at most 20 digits), a space, the checksum (8) and a newline.
