@@ -48,8 +48,8 @@ func BenchmarkFloor(b *testing.B) {
 }
 
 // BenchmarkFloorCounter is the floor of a lock with a durable per-name
-// token counter: the floor plus reading and writing the counter while
-// locked, the least any flock backend with fencing tokens can do.
+// token counter that opens its file each time: the floor plus reading and
+// writing the counter while locked.
 func BenchmarkFloorCounter(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "floor.lock")
 	buf := make([]byte, 512)
@@ -75,7 +75,7 @@ func BenchmarkFloorCounter(b *testing.B) {
 }
 
 // BenchmarkAcquireRelease is one uncontended mutex acquire and release:
-// the floor plus reading and writing the token counter.
+// after the first, of a kept descriptor (FloorKept is its system calls).
 func BenchmarkAcquireRelease(b *testing.B) {
 	f := flock.NewFactory(flock.WithDir(b.TempDir()), flock.WithLogger(nil))
 	defer f.Close()

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,6 +36,8 @@ func TestChild(t *testing.T) {
 		childHold()
 	case "hammer":
 		childHammer(t)
+	case "wait":
+		childWait()
 	default:
 		t.Fatalf("unknown child role %q", role)
 	}
@@ -57,6 +60,20 @@ func childHold() {
 		os.Exit(1)
 	}
 	fmt.Println("released", time.Now().UnixNano())
+}
+
+// childWait waits for FLOCK_NAME, says when it got it, and releases it.
+func childWait() {
+	l := flock.New(os.Getenv("FLOCK_NAME"), flock.WithDir(os.Getenv("FLOCK_DIR")), flock.WithLogger(nil))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, err := l.Acquire(ctx, flock.WithWait())
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("acquired", h.Token(), time.Now().UnixNano())
+	h.Release()
 }
 
 type child struct {
@@ -234,6 +251,54 @@ func TestStoppedHolderKeepsLock(t *testing.T) {
 	t.Logf("the waiter got the lock %v after the other process released it", acquiredAt.Sub(time.Unix(0, releasedNs)))
 	if err := c.cmd.Wait(); err != nil {
 		t.Fatalf("child: %v", err)
+	}
+}
+
+// A release that would keep its descriptor open for the next Acquire
+// closes it when a process waits for the name: the close is the inotify
+// event that wakes the waiter.
+func TestReleaseWakesWaiterInOtherProcess(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("waiters poll here")
+	}
+	dir := t.TempDir()
+	f := quietFactory(t, dir)
+	h := mustAcquire(t, f, "x")
+	cmd := testenv.Command(t, "wait", "TestChild", "FLOCK_DIR="+dir, "FLOCK_NAME=x")
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c := &child{cmd: cmd, lines: bufio.NewScanner(stdout)}
+	for deadline := time.Now().Add(30 * time.Second); flock.BoardWaiters(dir, "x") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the child never counted itself as a waiter")
+		}
+	}
+	released := time.Now()
+	h.Release()
+	if flock.Idle(dir, "x") {
+		t.Fatal("the release kept its descriptor while another process waited")
+	}
+	var token uint64
+	var at int64
+	if l := c.line(t); !strings.HasPrefix(l, "acquired ") {
+		t.Fatalf("child: %q", l)
+	} else if _, err := fmt.Sscan(strings.TrimPrefix(l, "acquired "), &token, &at); err != nil || token <= h.Token() {
+		t.Fatalf("child: %q (%v), token not above %d", l, err, h.Token())
+	}
+	// Informational: the wake-up latency across processes (no assertion).
+	t.Logf("the waiter got the lock %v after the release", time.Unix(0, at).Sub(released))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if n := flock.BoardWaiters(dir, "x"); n != 0 {
+		t.Fatalf("%d waiters counted after the child left", n)
 	}
 }
 

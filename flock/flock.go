@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -84,17 +85,21 @@ type Factory struct {
 	opts   lock.Options
 	err    error
 	check  time.Duration
-	dir    string       // opts.Dir resolved, or its error in err
-	sweepN atomic.Int64 // unix nanos before which autoPrune of dir need not look
+	prune  time.Duration // pruneAfter(&opts)
+	dir    string        // opts.Dir resolved, or its error in err
+	sweepN atomic.Int64  // unix nanos before which autoPrune of dir need not look
 
-	mu      sync.Mutex
-	holders map[*Holder]struct{}
-	timer   *time.Timer // verifies held files
-	armed   bool        // timer is pending
-	closed  bool
-	ctx     context.Context // cancelled by Close: stops waiters and sweeps
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	plain   bool        // opts are valid: an Acquire without options uses them as they are
+	closing atomic.Bool // set with closed: idle descriptors are no longer kept
+
+	mu     sync.Mutex
+	held   *Holder     // the holders, linked through Holder.prev and next
+	timer  *time.Timer // verifies held files
+	armed  bool        // timer is pending
+	closed bool
+	ctx    context.Context // cancelled by Close: stops waiters and sweeps
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // NewFactory returns a factory whose options are the defaults for every
@@ -103,14 +108,15 @@ func NewFactory(opts ...Option) *Factory {
 	o, err := lock.Apply(lock.Options{}, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Factory{
-		opts: o, err: err, check: checkInterval(&o),
-		holders: map[*Holder]struct{}{}, ctx: ctx, cancel: cancel,
+		opts: o, err: err, check: checkInterval(&o), prune: pruneAfter(&o),
+		ctx: ctx, cancel: cancel,
 	}
 	if f.err == nil {
 		if f.dir, err = resolveDir(o.Dir); err != nil {
 			f.err = fmt.Errorf("flock: %w", err)
 		}
 	}
+	f.plain = f.err == nil && checkPermits(&f.opts) == nil
 	return f
 }
 
@@ -166,11 +172,9 @@ func (f *Factory) Close() error {
 		return nil
 	}
 	f.closed = true
+	f.closing.Store(true)
 	f.cancel()
-	held := make([]*Holder, 0, len(f.holders))
-	for h := range f.holders {
-		held = append(held, h)
-	}
+	held := f.heldList()
 	if f.timer != nil {
 		f.timer.Stop()
 		f.armed = false
@@ -179,6 +183,7 @@ func (f *Factory) Close() error {
 	for _, h := range held {
 		h.lose()
 	}
+	closeIdle(f)
 	f.wg.Wait()
 	return nil
 }
@@ -220,8 +225,14 @@ func resolveDir(dir string) (string, error) {
 	return filepath.Clean(dir), nil
 }
 
-func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+// resolve returns the options of a call. Without options of its own a call
+// shares the factory's, which nobody changes, instead of copying them.
+func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
+	if len(opts) == 0 && f.plain {
+		return &f.opts, lock.ValidateName(name)
+	}
+	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+	return &o, err
 }
 
 func checkPermits(o *lock.Options) error {
@@ -231,13 +242,23 @@ func checkPermits(o *lock.Options) error {
 	return nil
 }
 
+// reported reports whether a successful acquire's or a release's event
+// goes anywhere, as Options.Report decides: to an observer, or to a logger
+// that logs at debug level.
+func reported(ctx context.Context, o *lock.Options) bool {
+	return o.Observer != nil || o.Log().Enabled(ctx, slog.LevelDebug)
+}
+
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := f.resolve(name, opts)
 	var h *Holder
 	var wait time.Duration
 	if err == nil {
-		h, wait, err = f.take(ctx, name, &o, start)
+		h, wait, err = f.take(ctx, name, o, start)
+	}
+	if err == nil && !reported(ctx, o) {
+		return h, nil // spares the clock read of the latency
 	}
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if h != nil {
@@ -251,32 +272,40 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	if f.isClosed() {
+	if f.closing.Load() {
 		return nil, 0, lock.ErrClosed
 	}
 	dir, err := f.dirOf(o)
 	if err != nil {
 		return nil, 0, err
 	}
-	esc := backend.Escape(name)
-	c := &call{f: f, ctx: ctx, name: name, o: o, limit: o.Limit(), dir: dir, esc: esc, start: start}
-	c.namePath = c.file(".lock")
-	f.autoPrune(dir, pruneAfter(o), start)
-
-	var a interface {
-		try(c *call) (*Holder, error)
-		close()
+	c := &call{f: f, ctx: ctx, name: name, o: o, limit: o.Limit(), dir: dir, start: start}
+	m := mutexAttempt{fd: noFile}
+	var s *semAttempt
+	if c.limit > 1 {
+		s = newSemAttempt(c.limit)
+	} else if !sysKeepOpen {
+		// Every release closes: there is nothing idle to take.
+	} else if e, ok := takeIdle(dir, name); ok {
+		c.esc, c.namePath = e.esc, e.path
+		m.fd, m.board, m.cached = e.fd, e.board, true
+		m.stale = start.Sub(e.since) > f.idleTrust()
 	}
-	if c.limit == 1 {
-		a = &mutexAttempt{fd: noFile}
-	} else {
-		a = newSemAttempt(c.limit)
+	if c.namePath == "" {
+		c.esc = backend.Escape(name)
+		c.namePath = c.file(".lock")
 	}
-	defer a.close()
+	esc := c.esc
+	prune := f.prune
+	if o != &f.opts {
+		prune = pruneAfter(o)
+	}
+	f.autoPrune(dir, prune, start)
 
 	var (
 		q         *waitq
 		stopWatch func()
+		uncount   func()
 		timer     *time.Timer
 		began     time.Time
 		backoff   time.Duration
@@ -284,9 +313,15 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		swept     int
 	)
 	defer func() {
+		if s != nil {
+			s.close()
+		} else {
+			m.close()
+		}
 		if q != nil {
 			unsubscribe(waitKey(dir, esc), q)
 			stopWatch()
+			uncount()
 			timer.Stop()
 		}
 	}()
@@ -301,11 +336,16 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 		if q != nil {
 			signal = q.signal()
 		}
-		h, err := a.try(c)
+		var h *Holder
+		if s != nil {
+			h, err = s.try(c)
+		} else {
+			h, err = m.try(c)
+		}
 		switch {
 		case err == nil:
 			if !f.track(h) {
-				h.closeFiles()
+				h.closeFiles(false)
 				return nil, waited(), lock.ErrClosed
 			}
 			return h, waited(), nil
@@ -327,9 +367,15 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 			// first attempt and the subscription is not missed.
 			began = time.Now()
 			q = subscribe(waitKey(dir, esc))
+			uncount = func() {}
 			var inotified bool
 			if stopWatch, inotified = watchDir(dir); inotified {
-				ceiling = maxPollInotified
+				// Count this waiter before the next try, so that a
+				// release in another process after it closes its file
+				// and so makes the event inotify reports.
+				if uncount, inotified = countWaiter(dir, esc); inotified {
+					ceiling = maxPollInotified
+				}
 			}
 			backoff = minPoll
 			timer = time.NewTimer(time.Hour)
@@ -349,10 +395,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start 
 	}
 }
 
-func (f *Factory) isClosed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.closed
+// idleTrust is how long an idle descriptor is taken back without
+// comparing it with the file at its path: the check interval, within
+// which a held file moved away is noticed too.
+func (f *Factory) idleTrust() time.Duration {
+	if f.check > 0 {
+		return f.check
+	}
+	return DefaultCheckInterval
 }
 
 // open opens (creating) a file of the call's name, creating the directory
@@ -435,7 +485,10 @@ const maxDeadSpins = 3
 // mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
 type mutexAttempt struct {
 	fd     sysFile
-	reused bool // fd was opened before an earlier, failed try
+	board  *board // the board reference that came with an idle fd, or nil
+	reused bool   // fd was opened before an earlier, failed try
+	cached bool   // fd was idle (see idle.go)
+	stale  bool   // and idle for longer than the factory's idleTrust
 }
 
 func (m *mutexAttempt) drop() {
@@ -443,9 +496,14 @@ func (m *mutexAttempt) drop() {
 		sysClose(m.fd)
 		m.fd = noFile
 	}
+	m.cached, m.stale = false, false
 }
 
-func (m *mutexAttempt) close() { m.drop() }
+func (m *mutexAttempt) close() {
+	m.drop()
+	m.board.drop()
+	m.board = nil
+}
 
 func (m *mutexAttempt) try(c *call) (*Holder, error) {
 	for spins := 0; ; spins++ {
@@ -487,9 +545,19 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 			}
 			continue
 		}
-		if m.reused {
+		if m.reused || m.stale {
 			// Opened long ago: make sure it is still the file at the path.
 			if same, err := sysSameFile(m.fd, c.namePath); err != nil || !same {
+				m.drop()
+				if err != nil {
+					return nil, fmt.Errorf("flock: %w", err)
+				}
+				continue
+			}
+		} else if m.cached {
+			// Idle for moments: a sweep would have marked it dead; make
+			// sure nobody else removed it.
+			if linked, err := sysLinked(m.fd); err != nil || !linked {
 				m.drop()
 				if err != nil {
 					return nil, fmt.Errorf("flock: %w", err)
@@ -515,7 +583,8 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 			return nil, err
 		}
 		h := c.newHolder(m.fd, noFile, "", token, now)
-		m.fd = noFile
+		h.keep, h.board = sysKeepOpen, m.board
+		m.fd, m.board = noFile, nil
 		return h, nil
 	}
 }
@@ -778,8 +847,8 @@ func lockSpin(ctx context.Context, fd sysFile, exclusive bool) error {
 func (c *call) newHolder(nameFd, slotFd sysFile, slotPath string, token uint64, now time.Time) *Holder {
 	return &Holder{
 		f: c.f, name: c.name, dir: c.dir, esc: c.esc, path: c.namePath, slotPath: slotPath,
-		token: token, since: now, opts: c.o, ctx: context.WithoutCancel(c.ctx),
-		state: backend.NewState(), nameFd: nameFd, slotFd: slotFd,
+		token: token, since: now, opts: c.o, ctx: c.ctx,
+		nameFd: nameFd, slotFd: slotFd,
 	}
 }
 
@@ -794,8 +863,19 @@ type Holder struct {
 	token    uint64
 	since    time.Time
 	opts     *lock.Options
-	ctx      context.Context // the Acquire context without its cancellation, for reports
-	state    *backend.State
+	ctx      context.Context // the Acquire context, for reports (see reportCtx)
+
+	// The end of the lock: a release (err nil) or a loss. done is made by
+	// the first Done, as most holders are released without one.
+	smu   sync.Mutex
+	done  chan struct{}
+	ended bool
+	err   error
+
+	prev, next *Holder // in the factory's list, under f.mu
+
+	keep  bool   // a mutex: Release may keep nameFd open (see idle.go)
+	board *board // a reference to the directory's board, or nil
 
 	mu     sync.Mutex
 	nameFd sysFile
@@ -803,15 +883,60 @@ type Holder struct {
 	closed bool
 }
 
+// reportCtx is the Acquire context without its cancellation, which has
+// nothing to do with a release or a loss: detached when reporting, not at
+// every acquire.
+func (h *Holder) reportCtx() context.Context {
+	if h.ctx.Done() == nil {
+		return h.ctx
+	}
+	return context.WithoutCancel(h.ctx)
+}
+
 // Token is the fencing token, strictly increasing per name.
 func (h *Holder) Token() uint64 { return h.token }
 
 // Done is closed when the lock is released or lost.
-func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
+func (h *Holder) Done() <-chan struct{} {
+	h.smu.Lock()
+	defer h.smu.Unlock()
+	if h.done == nil {
+		if h.ended {
+			return closedDone
+		}
+		h.done = make(chan struct{})
+	}
+	return h.done
+}
+
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Err is nil while held or after Release, and matches ErrLockLost once
 // lost.
-func (h *Holder) Err() error { return h.state.Err() }
+func (h *Holder) Err() error {
+	h.smu.Lock()
+	defer h.smu.Unlock()
+	return h.err
+}
+
+// end records the release (err nil) or loss of the lock, and reports
+// whether this call did: only the first counts.
+func (h *Holder) end(err error) bool {
+	h.smu.Lock()
+	defer h.smu.Unlock()
+	if h.ended {
+		return false
+	}
+	h.ended, h.err = true, err
+	if h.done != nil {
+		close(h.done)
+	}
+	return true
+}
 
 // Name is the name the lock was acquired under.
 func (h *Holder) Name() string { return h.name }
@@ -825,23 +950,25 @@ func (h *Holder) Path() string {
 	return h.path
 }
 
-// Release gives the lock up by closing the holder's files; the kernel
-// frees the lock at once. The files stay for the next holder (sweeps
-// remove them later). Release is idempotent; after a loss it returns an
-// error matching ErrLockLost.
+// Release gives the lock up by closing the holder's files, or for a mutex
+// by unlocking its file and keeping it open for the next Acquire of the
+// name in this process; the kernel frees the lock at once. The files stay
+// for the next holder (sweeps remove them later). Release is idempotent;
+// after a loss it returns an error matching ErrLockLost.
 func (h *Holder) Release() error {
-	if h.closeFiles() {
+	if h.closeFiles(true) {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
-		if h.state.End() {
-			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
+		if h.end(nil) && reported(h.ctx, h.opts) {
+			h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
 		}
 	}
-	return h.state.Err()
+	return h.Err()
 }
 
-// closeFiles reports whether this call closed them.
-func (h *Holder) closeFiles() bool {
+// closeFiles gives the holder's files up, and reports whether this call
+// did. With keep a mutex's descriptor may stay open, unlocked (keepFile).
+func (h *Holder) closeFiles(keep bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -851,18 +978,42 @@ func (h *Holder) closeFiles() bool {
 	if h.slotFd != noFile {
 		sysClose(h.slotFd)
 	}
-	sysClose(h.nameFd)
+	if keep && h.keep {
+		h.keepFile()
+	} else {
+		sysClose(h.nameFd)
+		h.board.drop()
+	}
+	h.board = nil
 	return true
 }
 
+// keepFile unlocks the holder's descriptor and leaves it open for the next
+// Acquire of the name in this process, unless a waiter in another process
+// needs its close to learn of the release (see board_linux.go). It decides
+// to keep only after the unlock: a waiter that counts itself after that
+// look tries after the unlock, and succeeds.
+func (h *Holder) keepFile() {
+	fd, b := h.nameFd, h.board
+	if b == nil {
+		b = holdBoard(h.dir)
+	}
+	if othersWait(b, h.esc) || sysUnlock(fd) != nil || othersWait(b, h.esc) {
+		sysClose(fd) // a close unlocks, and is the event waiters need
+		b.drop()
+		return
+	}
+	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: h.since})
+}
+
 func (h *Holder) lose() {
-	if !h.closeFiles() {
+	if !h.closeFiles(false) {
 		return
 	}
 	h.f.untrack(h)
 	wakeName(h.dir, h.esc)
-	if h.state.Lose(ErrLockLost) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+	if h.end(ErrLockLost) {
+		h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
 	}
 }
 
@@ -891,7 +1042,10 @@ func (f *Factory) track(h *Holder) bool {
 	if f.closed {
 		return false
 	}
-	f.holders[h] = struct{}{}
+	if h.next = f.held; h.next != nil {
+		h.next.prev = h
+	}
+	f.held = h
 	if f.check > 0 && !f.armed {
 		if f.timer == nil {
 			f.timer = time.AfterFunc(f.check, f.verify)
@@ -905,8 +1059,28 @@ func (f *Factory) track(h *Holder) bool {
 
 func (f *Factory) untrack(h *Holder) {
 	f.mu.Lock()
-	delete(f.holders, h)
-	f.mu.Unlock()
+	defer f.mu.Unlock()
+	switch {
+	case h.prev != nil:
+		h.prev.next = h.next
+	case f.held == h:
+		f.held = h.next
+	default:
+		return // not tracked
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	}
+	h.prev, h.next = nil, nil
+}
+
+// heldList returns the factory's holders; the caller holds f.mu.
+func (f *Factory) heldList() []*Holder {
+	var held []*Holder
+	for h := f.held; h != nil; h = h.next {
+		held = append(held, h)
+	}
+	return held
 }
 
 // verify runs every check interval while the factory holds locks; the
@@ -914,10 +1088,7 @@ func (f *Factory) untrack(h *Holder) {
 // which keeps timer work off the acquire and release path.
 func (f *Factory) verify() {
 	f.mu.Lock()
-	held := make([]*Holder, 0, len(f.holders))
-	for h := range f.holders {
-		held = append(held, h)
-	}
+	held := f.heldList()
 	f.mu.Unlock()
 	for _, h := range held {
 		if !h.inPlace() {
@@ -925,7 +1096,7 @@ func (f *Factory) verify() {
 		}
 	}
 	f.mu.Lock()
-	if f.armed = len(f.holders) > 0 && !f.closed; f.armed {
+	if f.armed = f.held != nil && !f.closed; f.armed {
 		f.timer.Reset(f.check)
 	}
 	f.mu.Unlock()

@@ -266,3 +266,41 @@ func TestPruneLateSweeperLeavesNewGeneration(t *testing.T) {
 		t.Fatalf("third permit of a limit of 2: %v", err)
 	}
 }
+
+func TestAtou(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		base uint64
+		want uint64
+		ok   bool
+	}{
+		{"0", 10, 0, true},
+		{"1764480000000000001", 10, 1764480000000000001, true},
+		{"18446744073709551615", 10, 1<<64 - 1, true},
+		{"18446744073709551616", 10, 0, false},
+		{"99999999999999999999", 10, 0, false},
+		{"ffffffff", 16, 1<<32 - 1, true},
+		{"ffffffffffffffff", 16, 1<<64 - 1, true},
+		{"10000000000000000", 16, 0, false},
+		{"", 10, 0, false},
+		{"12a", 10, 0, false},
+		{"-1", 10, 0, false},
+	} {
+		if got, ok := atou([]byte(tc.in), tc.base); got != tc.want || ok != tc.ok {
+			t.Errorf("atou(%q, %d) = %d, %v; want %d, %v", tc.in, tc.base, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// appendSince writes what time.RFC3339Nano in UTC writes.
+func TestAppendSince(t *testing.T) {
+	now := time.Now().UnixNano()
+	for _, ns := range []int64{0, 1, 999999999, 1e9, 1e9 + 1, 1e9 + 100, 1764480000123456789, 1764480000100000000, 1764480000000000000, now, now + 1, now + 1e9, -1, -1e9 - 5} {
+		for i := 0; i < 2; i++ { // cold and cached second
+			want := time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
+			if got := string(appendSince(nil, ns)); got != want {
+				t.Errorf("appendSince(%d) = %q, want %q", ns, got, want)
+			}
+		}
+	}
+}

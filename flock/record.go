@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -57,12 +58,13 @@ func (r *record) appendBody(b []byte) []byte {
 		b = append(b, "dead 1\n"...)
 	}
 	if r.pid != 0 {
-		b = append(b, "pid "...)
-		b = strconv.AppendInt(b, int64(r.pid), 10)
-		b = append(b, "\nhost "...)
-		b = strconv.AppendQuote(b, r.host)
-		b = append(b, "\nsince "...)
-		b = time.Unix(0, r.since).UTC().AppendFormat(b, time.RFC3339Nano)
+		if r.pid == pid && r.host == hostname() {
+			b = append(b, selfLines()...)
+		} else {
+			b = appendPidHost(b, r.pid, r.host)
+		}
+		b = append(b, "since "...)
+		b = appendSince(b, r.since)
 		b = append(b, '\n')
 	}
 	if r.owner != "" {
@@ -83,19 +85,78 @@ func (r *record) appendBody(b []byte) []byte {
 	return b
 }
 
+func appendPidHost(b []byte, pid int, host string) []byte {
+	b = append(b, "pid "...)
+	b = strconv.AppendInt(b, int64(pid), 10)
+	b = append(b, "\nhost "...)
+	b = strconv.AppendQuote(b, host)
+	return append(b, '\n')
+}
+
+// selfLines are the pid and host lines of this process's records.
+var selfLines = sync.OnceValue(func() []byte { return appendPidHost(nil, pid, hostname()) })
+
+// sinceSecond caches the date and time of one second as RFC 3339 UTC:
+// records written in the same second share it, and formatting a date is
+// most of the cost of encoding a record.
+type sinceSecond struct {
+	sec  int64
+	text string // 2006-01-02T15:04:05
+}
+
+var lastSecond atomic.Pointer[sinceSecond]
+
+// appendSince appends ns (unix nanoseconds) as time.RFC3339Nano in UTC
+// would.
+func appendSince(b []byte, ns int64) []byte {
+	if ns < 0 {
+		return time.Unix(0, ns).UTC().AppendFormat(b, time.RFC3339Nano)
+	}
+	sec, frac := ns/1e9, ns%1e9
+	c := lastSecond.Load()
+	if c == nil || c.sec != sec {
+		c = &sinceSecond{sec: sec, text: time.Unix(sec, 0).UTC().Format("2006-01-02T15:04:05")}
+		lastSecond.Store(c)
+	}
+	b = append(b, c.text...)
+	if frac != 0 {
+		var d [10]byte
+		d[0] = '.'
+		for i := 9; i >= 1; i-- {
+			d[i] = byte('0' + frac%10)
+			frac /= 10
+		}
+		n := 10
+		for d[n-1] == '0' {
+			n--
+		}
+		b = append(b, d[:n]...)
+	}
+	return append(b, 'Z')
+}
+
+// maxHead bounds a record's header line: the magic, the body's length
+// (at most 20 digits), a space, the checksum (8) and a newline.
+const maxHead = len(recordMagic) + 20 + 1 + 8 + 1
+
 // encode appends the record as written to disk to dst.
 func (r *record) encode(dst []byte) []byte {
-	sp := bufs.Get().(*[]byte)
-	body := r.appendBody((*sp)[:0])
-	dst = append(dst, recordMagic...)
-	dst = strconv.AppendInt(dst, int64(len(body)), 10)
-	dst = append(dst, ' ')
-	dst = appendHex32(dst, crc32.ChecksumIEEE(body))
-	dst = append(dst, '\n')
-	dst = append(dst, body...)
-	*sp = body
-	bufs.Put(sp)
-	return dst
+	// The body goes first, after room for the header, which needs the
+	// body's length and checksum; the header then goes right before it.
+	start := len(dst)
+	dst = append(dst, make([]byte, maxHead)...)
+	dst = r.appendBody(dst)
+	body := dst[start+maxHead:]
+	var hb [maxHead]byte
+	head := append(hb[:0], recordMagic...)
+	head = strconv.AppendInt(head, int64(len(body)), 10)
+	head = append(head, ' ')
+	head = appendHex32(head, crc32.ChecksumIEEE(body))
+	head = append(head, '\n')
+	at := start + maxHead - len(head)
+	copy(dst[at:], head)
+	n := copy(dst[start:], dst[at:])
+	return dst[:start+n]
 }
 
 func appendHex32(b []byte, v uint32) []byte {
@@ -162,6 +223,11 @@ func atou(b []byte, base uint64) (uint64, bool) {
 	if len(b) == 0 || len(b) > 20 {
 		return 0, false
 	}
+	const maxU = 1<<64 - 1
+	cutoff := uint64(maxU / 10) // v*base overflows above it; no division per digit
+	if base == 16 {
+		cutoff = maxU / 16
+	}
 	var v uint64
 	for _, c := range b {
 		var d uint64
@@ -173,7 +239,7 @@ func atou(b []byte, base uint64) (uint64, bool) {
 		default:
 			return 0, false
 		}
-		if v > (1<<64-1-d)/base {
+		if v > cutoff || v*base > maxU-d {
 			return 0, false // overflow
 		}
 		v = v*base + d

@@ -18,7 +18,7 @@ var errUnsupported = errors.New("flock: file locks are not supported on this pla
 func sysOpen(string, bool, bool) (sysFile, error)  { return noFile, errUnsupported }
 func sysClose(sysFile)                             {}
 func sysTryLock(sysFile, bool) (bool, error)       { return false, errUnsupported }
-func sysUnlock(sysFile)                            {}
+func sysUnlock(sysFile) error                      { return errUnsupported }
 func sysDowngrade(sysFile) (bool, error)           { return false, errUnsupported }
 func sysPread(sysFile, []byte, int64) (int, error) { return 0, errUnsupported }
 func sysPwrite(sysFile, []byte, int64) error       { return errUnsupported }
@@ -26,3 +26,6 @@ func sysStat(sysFile) (fileID, time.Time, error)   { return fileID{}, time.Time{
 func sysSameFile(sysFile, string) (bool, error)    { return false, errUnsupported }
 func sysRemove(string) error                       { return errUnsupported }
 func sysRetryOpen(error) bool                      { return false }
+func sysLinked(sysFile) (bool, error)              { return false, errUnsupported }
+
+const sysKeepOpen = false

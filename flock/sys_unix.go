@@ -68,7 +68,21 @@ func sysTryLock(fd sysFile, exclusive bool) (bool, error) {
 
 // sysUnlock drops the lock but keeps the descriptor; closing it also
 // releases the lock, at once.
-func sysUnlock(fd sysFile) { unix.Flock(fd, unix.LOCK_UN) }
+func sysUnlock(fd sysFile) error {
+	for {
+		switch err := unix.Flock(fd, unix.LOCK_UN); err {
+		case nil:
+			return nil
+		case unix.EINTR:
+		default:
+			return &fs.PathError{Op: "flock", Path: "", Err: err}
+		}
+	}
+}
+
+// sysKeepOpen: a released mutex's descriptor may stay open, unlocked, for
+// the next Acquire of the name in this process (see idle.go).
+const sysKeepOpen = true
 
 // sysDowngrade turns an exclusive lock into a shared one. Like flock(2)
 // itself it may lose the lock in between; it reports false then.

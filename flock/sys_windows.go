@@ -72,11 +72,24 @@ func sysTryLock(h sysFile, exclusive bool) (bool, error) {
 	return false, &fs.PathError{Op: "LockFileEx", Err: err}
 }
 
-func sysUnlock(h sysFile) { windows.UnlockFileEx(h, 0, 1, 0, lockOverlapped()) }
+func sysUnlock(h sysFile) error { return windows.UnlockFileEx(h, 0, 1, 0, lockOverlapped()) }
 
 func sysDowngrade(h sysFile) (bool, error) {
 	sysUnlock(h)
 	return sysTryLock(h, false)
+}
+
+// sysKeepOpen is false: a handle kept open keeps a file that a sweep
+// deleted pending deletion, and nobody can open the path again until the
+// handle closes. Every release closes its handle.
+const sysKeepOpen = false
+
+func sysLinked(h sysFile) (bool, error) {
+	var fi windows.ByHandleFileInformation
+	if err := windows.GetFileInformationByHandle(h, &fi); err != nil {
+		return false, err
+	}
+	return fi.NumberOfLinks > 0, nil
 }
 
 func sysPread(h sysFile, b []byte, off int64) (int, error) {
