@@ -4,6 +4,7 @@ package flock
 
 import (
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,8 +137,33 @@ func (b *board) slot(esc string) *atomic.Uint32 {
 // othersWait reports whether a release of esc must close its descriptor
 // to wake a waiter; b is the directory's board, nil when there is none.
 // The caller has unlocked already.
-func othersWait(b *board, esc string) bool {
-	return b == nil || b.slot(esc).Load() != 0
+func othersWait(b *board, esc string) (yes bool) {
+	if b == nil {
+		return true
+	}
+	defer func() {
+		if recover() != nil {
+			yes = true
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.slot(esc).Load() != 0
+}
+
+// add adds d to esc's counter; false if the board faulted. The board is a
+// file: one truncated by hand turns a touch of its mapping into SIGBUS,
+// which would kill the process. SetPanicOnFault makes that a panic,
+// recovered here and in othersWait, and the board then counts as
+// unusable: waiters poll, releases close.
+func (b *board) add(esc string, d uint32) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	b.slot(esc).Add(d)
+	return true
 }
 
 // countWaiter counts a waiter on esc in dir's board until done is called;
@@ -147,10 +173,12 @@ func countWaiter(dir, esc string) (done func(), ok bool) {
 	if b == nil {
 		return func() {}, false
 	}
-	s := b.slot(esc)
-	s.Add(1)
+	if !b.add(esc, 1) {
+		b.drop()
+		return func() {}, false
+	}
 	return func() {
-		s.Add(^uint32(0))
+		b.add(esc, ^uint32(0))
 		b.drop()
 	}, true
 }
