@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -142,6 +143,14 @@ func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, 
 	return o, lock.ValidateName(name)
 }
 
+// Reported reports whether an event that is not an error or a loss goes
+// anywhere, as lock.Options.Report decides: to an observer, or to a logger
+// that logs at debug level. A backend can skip the work of such an event
+// (clock reads, building it) when it does not.
+func Reported(ctx context.Context, o *lock.Options) bool {
+	return o.Observer != nil || o.Log().Enabled(ctx, slog.LevelDebug)
+}
+
 // verbatim reports whether Escape keeps name as it is.
 func verbatim(name string) bool {
 	if len(name) > maxEscaped {
@@ -161,11 +170,11 @@ func safe(c byte) bool {
 }
 
 // Acquire is the frame of a factory's Acquire: it resolves the call's
-// options, runs take with them unless that failed, and reports the outcome
-// as one lock.OpAcquire event (latency from the call, the wait take
-// reports, the token) through the resolved options. take returns the wait
-// it spent queued.
-func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resolve func() (*lock.Options, error), take func(o *lock.Options) (H, time.Duration, error)) (H, error) {
+// options, runs take with them (and the time the call began) unless that
+// failed, and reports the outcome as one lock.OpAcquire event (latency
+// from the call, the wait take reports, the token) through the resolved
+// options. take returns the wait it spent queued.
+func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resolve func() (*lock.Options, error), take func(o *lock.Options, start time.Time) (H, time.Duration, error)) (H, error) {
 	start := time.Now()
 	o, err := resolve()
 	if o == nil {
@@ -174,7 +183,10 @@ func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resol
 	var h H
 	var wait time.Duration
 	if err == nil {
-		h, wait, err = take(o)
+		h, wait, err = take(o, start)
+	}
+	if err == nil && !Reported(ctx, o) {
+		return h, nil // spares building an event nobody receives
 	}
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if err == nil {

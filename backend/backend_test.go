@@ -1,8 +1,11 @@
 package backend_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
@@ -64,5 +67,44 @@ func TestState(t *testing.T) {
 	<-s.Done()
 	if s.Err() != lock.ErrLockLost {
 		t.Fatal(s.Err())
+	}
+}
+
+type tokenHolder struct{ lock.Holder }
+
+func (tokenHolder) Token() uint64 { return 7 }
+
+// Acquire reports one event per call: the outcome, the token of a holder,
+// the wait take spent, and an error from resolving without calling take.
+func TestAcquireReports(t *testing.T) {
+	var events []lock.Event
+	o := &lock.Options{Observer: lock.ObserverFunc(func(_ context.Context, e lock.Event) { events = append(events, e) })}
+	resolve := func() (*lock.Options, error) { return o, nil }
+	h, err := backend.Acquire(context.Background(), "toy", "a", resolve, func(_ *lock.Options, start time.Time) (tokenHolder, time.Duration, error) {
+		if start.IsZero() {
+			t.Error("take got no start time")
+		}
+		return tokenHolder{}, time.Millisecond, nil
+	})
+	if err != nil || h.Token() != 7 {
+		t.Fatalf("Acquire = %v, %v", h, err)
+	}
+	bad := errors.New("bad option")
+	_, err = backend.Acquire(context.Background(), "toy", "b", func() (*lock.Options, error) { return o, bad },
+		func(*lock.Options, time.Time) (tokenHolder, time.Duration, error) {
+			t.Error("take ran after resolve failed")
+			return tokenHolder{}, 0, nil
+		})
+	if err != bad {
+		t.Fatalf("Acquire after a bad option = %v", err)
+	}
+	if len(events) != 2 {
+		t.Fatalf("%d events, want 2: %+v", len(events), events)
+	}
+	if e := events[0]; e.Backend != "toy" || e.Op != lock.OpAcquire || e.Name != "a" || e.Token != 7 || e.Wait != time.Millisecond || e.Outcome != lock.OutcomeOK {
+		t.Errorf("success event = %+v", e)
+	}
+	if e := events[1]; e.Name != "b" || e.Err != bad || e.Outcome != lock.OutcomeError {
+		t.Errorf("error event = %+v", e)
 	}
 }

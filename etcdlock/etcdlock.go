@@ -122,7 +122,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	return backend.Acquire(ctx, backendName, name,
 		func() (*lock.Options, error) { o, err := f.resolve(name, opts); return &o, err },
-		func(o *lock.Options) (*Holder, time.Duration, error) {
+		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, 0, err
 			}

@@ -43,7 +43,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -242,30 +241,12 @@ func checkPermits(o *lock.Options) error {
 	return nil
 }
 
-// reported reports whether a successful acquire's or a release's event
-// goes anywhere, as Options.Report decides: to an observer, or to a logger
-// that logs at debug level.
-func reported(ctx context.Context, o *lock.Options) bool {
-	return o.Observer != nil || o.Log().Enabled(ctx, slog.LevelDebug)
-}
-
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
-	start := time.Now()
-	o, err := f.resolve(name, opts)
-	var h *Holder
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = f.take(ctx, name, o, start)
-	}
-	if err == nil && !reported(ctx, o) {
-		return h, nil // spares the clock read of the latency
-	}
-	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
-	if h != nil {
-		e.Token = h.token
-	}
-	o.Report(ctx, e)
-	return h, err
+	return backend.Acquire(ctx, backendName, name,
+		func() (*lock.Options, error) { return f.resolve(name, opts) },
+		func(o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
+			return f.take(ctx, name, o, start)
+		})
 }
 
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
@@ -959,7 +940,7 @@ func (h *Holder) Release() error {
 	if h.closeFiles(true) {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
-		if h.end(nil) && reported(h.ctx, h.opts) {
+		if h.end(nil) && backend.Reported(h.ctx, h.opts) {
 			h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
 		}
 	}
