@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -143,6 +144,14 @@ func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, 
 	return o, lock.ValidateName(name)
 }
 
+// endedBy reports whether err is ctx's ending, not yet said as a WaitError.
+func endedBy(ctx context.Context, err error) bool {
+	if ctx.Err() == nil || errors.Is(err, lock.ErrLocked) {
+		return false
+	}
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Cause(ctx))
+}
+
 // Reported reports whether an event that is not an error or a loss goes
 // anywhere, as lock.Options.Report decides: to an observer, or to a logger
 // that logs at debug level. A backend can skip the work of such an event
@@ -174,7 +183,12 @@ func safe(c byte) bool {
 // failed, and reports the outcome as one lock.OpAcquire event (latency
 // from the call, the wait take reports, the token) through the resolved
 // options. take returns the wait it spent queued.
-func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resolve func() (*lock.Options, error), take func(o *lock.Options, start time.Time) (H, time.Duration, error)) (H, error) {
+//
+// With WithWait, an error that comes from ctx ending — before the first
+// attempt, during one, or while queued — is returned as a lock.WaitError
+// on locked, the backend's ErrLocked, so that every backend answers a wait
+// that gave up alike.
+func Acquire[H lock.Holder](ctx context.Context, backendName string, locked error, name string, resolve func() (*lock.Options, error), take func(o *lock.Options, start time.Time) (H, time.Duration, error)) (H, error) {
 	start := time.Now()
 	o, err := resolve()
 	if o == nil {
@@ -184,6 +198,9 @@ func Acquire[H lock.Holder](ctx context.Context, backendName, name string, resol
 	var wait time.Duration
 	if err == nil {
 		h, wait, err = take(o, start)
+		if err != nil && o.Wait && endedBy(ctx, err) {
+			err = lock.NewWaitError(locked, ctx)
+		}
 	}
 	if err == nil && !Reported(ctx, o) {
 		return h, nil // spares building an event nobody receives

@@ -3,6 +3,7 @@ package backend_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -80,7 +81,7 @@ func TestAcquireReports(t *testing.T) {
 	var events []lock.Event
 	o := &lock.Options{Observer: lock.ObserverFunc(func(_ context.Context, e lock.Event) { events = append(events, e) })}
 	resolve := func() (*lock.Options, error) { return o, nil }
-	h, err := backend.Acquire(context.Background(), "toy", "a", resolve, func(_ *lock.Options, start time.Time) (tokenHolder, time.Duration, error) {
+	h, err := backend.Acquire(context.Background(), "toy", lock.ErrLocked, "a", resolve, func(_ *lock.Options, start time.Time) (tokenHolder, time.Duration, error) {
 		if start.IsZero() {
 			t.Error("take got no start time")
 		}
@@ -90,7 +91,7 @@ func TestAcquireReports(t *testing.T) {
 		t.Fatalf("Acquire = %v, %v", h, err)
 	}
 	bad := errors.New("bad option")
-	_, err = backend.Acquire(context.Background(), "toy", "b", func() (*lock.Options, error) { return o, bad },
+	_, err = backend.Acquire(context.Background(), "toy", lock.ErrLocked, "b", func() (*lock.Options, error) { return o, bad },
 		func(*lock.Options, time.Time) (tokenHolder, time.Duration, error) {
 			t.Error("take ran after resolve failed")
 			return tokenHolder{}, 0, nil
@@ -106,5 +107,32 @@ func TestAcquireReports(t *testing.T) {
 	}
 	if e := events[1]; e.Name != "b" || e.Err != bad || e.Outcome != lock.OutcomeError {
 		t.Errorf("error event = %+v", e)
+	}
+}
+
+// With WithWait, an error that is ctx's ending is a WaitError on the
+// backend's ErrLocked, whether the wait began or not; without it, or for
+// another error, the error is left as it is.
+func TestAcquireWaitEndedByContext(t *testing.T) {
+	locked := fmt.Errorf("toy: %w", lock.ErrLocked)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	acquire := func(wait bool, takeErr error) error {
+		_, err := backend.Acquire(ctx, "toy", locked, "a",
+			func() (*lock.Options, error) { return &lock.Options{Wait: wait}, nil },
+			func(*lock.Options, time.Time) (tokenHolder, time.Duration, error) {
+				return tokenHolder{}, 0, takeErr
+			})
+		return err
+	}
+	mid := fmt.Errorf("toy: acquire: %w", context.Canceled)
+	if err := acquire(true, mid); !errors.Is(err, locked) || !errors.Is(err, context.Canceled) {
+		t.Errorf("wait cancelled mid-request: %v, want a WaitError", err)
+	}
+	if err := acquire(false, mid); err != mid {
+		t.Errorf("no wait: %v, want the error as it is", err)
+	}
+	if err := acquire(true, lock.ErrClosed); err != lock.ErrClosed {
+		t.Errorf("closed: %v, want the error as it is", err)
 	}
 }

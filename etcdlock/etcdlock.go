@@ -120,7 +120,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 // ctx ends. The lock does not depend on ctx once acquired: it is held, and
 // its lease renewed, until Release, a loss, or Close.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, name,
+	return backend.Acquire(ctx, backendName, ErrLocked, name,
 		func() (*lock.Options, error) { o, err := f.resolve(name, opts); return &o, err },
 		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
 			if err := ctx.Err(); err != nil {

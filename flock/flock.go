@@ -242,7 +242,7 @@ func checkPermits(o *lock.Options) error {
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, name,
+	return backend.Acquire(ctx, backendName, ErrLocked, name,
 		func() (*lock.Options, error) { return f.resolve(name, opts) },
 		func(o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
 			return f.take(ctx, name, o, start)

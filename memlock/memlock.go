@@ -74,7 +74,7 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, name,
+	return backend.Acquire(ctx, backendName, ErrLocked, name,
 		func() (*lock.Options, error) { o, err := f.resolve(name, opts); return &o, err },
 		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
 			r := o.Renew(renew)

@@ -270,7 +270,7 @@ func (f *Factory) callOptions(name string, opts []Option) (*lock.Options, error)
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, name,
+	return backend.Acquire(ctx, backendName, ErrLocked, name,
 		func() (*lock.Options, error) { return f.callOptions(name, opts) },
 		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
 			return f.take(ctx, name, o, o.Renew(renew))
