@@ -42,9 +42,10 @@ type session struct {
 	mu      sync.Mutex // guards the fields below; taken after sem, never before
 	gen     uint64     // changes whenever the connection is replaced
 	holders map[*Holder]struct{}
-	pending []*Holder // held, not yet written to pglock_holders
-	armed   bool      // a publication is scheduled
-	netConn net.Conn  // for forceClose
+	pending []*Holder   // held, not yet written to pglock_holders
+	armed   bool        // a publication is scheduled
+	pub     *time.Timer // runs publishTimer; made on first use
+	netConn net.Conn    // for forceClose
 }
 
 func newSession(f *Factory, idx int) *session {
@@ -421,15 +422,40 @@ func (s *session) add(h *Holder) {
 	defer s.mu.Unlock()
 	s.holders[h] = struct{}{}
 	s.pending = append(s.pending, h)
-	s.armLocked()
+	s.armLocked(publishDelay)
 }
 
-// armLocked schedules a publication. s.mu is held.
-func (s *session) armLocked() {
+// armLocked schedules a publication in d, unless one is scheduled. s.mu
+// is held.
+func (s *session) armLocked(d time.Duration) {
 	if !s.armed {
 		s.armed = true
-		time.AfterFunc(publishDelay, s.publishTimer)
+		d = max(d, publishDelay/8)
+		if s.pub == nil {
+			s.pub = time.AfterFunc(d, s.publishTimer)
+		} else {
+			s.pub.Reset(d)
+		}
 	}
+}
+
+// dueLocked drops from pending the holders released or lost since they
+// were added, and reports whether one of the others has been held for
+// publishDelay (then 0) or else how long until the oldest will have been
+// (-1 when none is left). s.mu is held.
+func (s *session) dueLocked(now time.Time) time.Duration {
+	keep := s.pending[:0]
+	for _, h := range s.pending {
+		if _, ok := s.holders[h]; ok {
+			keep = append(keep, h)
+		}
+	}
+	clear(s.pending[len(keep):])
+	s.pending = keep
+	if len(keep) == 0 {
+		return -1
+	}
+	return max(publishDelay-now.Sub(keep[0].since), 0) // pending is in acquisition order
 }
 
 // remove forgets a released holder. sem is held.
@@ -437,6 +463,14 @@ func (s *session) remove(h *Holder) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.holders, h)
+	if len(s.holders) == 0 && s.armed {
+		// Nothing left to publish: a lock taken and given back again and
+		// again keeps no timer running.
+		s.pub.Stop()
+		s.armed = false
+		clear(s.pending)
+		s.pending = s.pending[:0]
+	}
 }
 
 func (s *session) generation() uint64 {
@@ -468,12 +502,23 @@ func (s *session) forceClose() {
 // goroutine does before letting the session go: waiting for the session
 // here would put a goroutine switch into the hot path.
 func (s *session) publishTimer() {
+	s.mu.Lock()
+	s.armed = false
+	d := s.dueLocked(time.Now())
+	if d != 0 {
+		// Nothing held long enough (the usual case of locks released
+		// within publishDelay): look again when something may be, without
+		// taking the session, so no statement ever waits for this.
+		if d > 0 {
+			s.armLocked(d)
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
 	select {
 	case s.sem <- struct{}{}:
 		defer func() { <-s.sem }()
-		s.mu.Lock()
-		s.armed = false
-		s.mu.Unlock()
 		if s.conn == nil {
 			return
 		}
@@ -482,7 +527,9 @@ func (s *session) publishTimer() {
 	default:
 		s.due.Store(true)
 		// In case that statement ended before it saw the flag.
-		time.AfterFunc(publishDelay, s.publishTimer)
+		s.mu.Lock()
+		s.armLocked(publishDelay)
+		s.mu.Unlock()
 	}
 }
 
@@ -506,7 +553,7 @@ func (s *session) publishLocked() {
 	}
 	s.pending = keep
 	if len(keep) > 0 {
-		s.armLocked()
+		s.armLocked(publishDelay - now.Sub(keep[0].since))
 	}
 	s.mu.Unlock()
 	if len(batch) == 0 {
