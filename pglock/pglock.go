@@ -99,7 +99,9 @@ type Factory struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[int64]*entry // by mutex key: the in-process table
+	entries map[int64]*entry   // by mutex key: the in-process table
+	names   map[nameKey]*entry // the same entries, by name
+	idle    int                // entries nobody uses, kept (see maxIdle)
 	health  *time.Timer
 
 	epoch atomic.Int64 // the newest committed token epoch seen; 0: none yet
@@ -132,9 +134,16 @@ type entry struct {
 	limit        int             // the limit of the current local holders
 	held         map[int]*Holder // by slot
 	busy         chan struct{}   // one local acquire statement at a time
-	wake         chan struct{}   // closed when a local holder releases or loses
+	wake         chan struct{}   // made by a local waiter; closed when a local holder releases or loses
 	refs         int
 }
+
+type nameKey struct{ prefix, name string }
+
+// maxIdle is how many entries nobody uses a factory keeps, so that a name
+// used again soon (the usual acquire, release, acquire) needs no hashing
+// of its keys and no allocation.
+const maxIdle = 256
 
 type keys struct {
 	mutex, mark, waiters, limit int64
@@ -174,7 +183,7 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 	}
 	f := &Factory{
 		pool: pool, opts: o, err: err, cfg: cfg, st: newStatements(cfg.schema),
-		closing: make(chan struct{}), entries: map[int64]*entry{},
+		closing: make(chan struct{}), entries: map[int64]*entry{}, names: map[nameKey]*entry{},
 	}
 	for i := 0; i < cfg.sessions; i++ {
 		f.sessions = append(f.sessions, newSession(f, i))
@@ -195,7 +204,7 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
 		return nil, err
 	}
-	h, wait, err := f.take(ctx, name, &o)
+	h, wait, err := f.take(ctx, name, o)
 	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
 	if h != nil {
 		e.Token = h.token
@@ -204,8 +213,15 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 	return h, err
 }
 
-func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, checkCall)
+// resolve returns the options of a call. Without per-call options they are
+// the factory's own, checked by NewFactory and never written: shared, not
+// copied.
+func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
+	if len(opts) == 0 && f.err == nil {
+		return &f.opts, lock.ValidateName(name)
+	}
+	o, err := backend.Resolve(f.opts, f.err, name, opts, checkCall)
+	return &o, err
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. fn's context is
@@ -224,18 +240,33 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 
 // ref finds or makes the entry of a name and counts a user of it.
 func (f *Factory) ref(prefix, name string) (*entry, error) {
-	k := keysOf(prefix, name)
+	nk := nameKey{prefix, name}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	e := f.names[nk]
+	if e == nil {
+		// Hash outside the lock.
+		f.mu.Unlock()
+		k := keysOf(prefix, name)
+		f.mu.Lock()
+		if e = f.names[nk]; e == nil && !f.closed {
+			if o := f.entries[k.mutex]; o != nil {
+				if o.refs > 0 {
+					return nil, fmt.Errorf("%w: %q and %q", ErrKeyCollision, o.name, name)
+				}
+				delete(f.names, nameKey{o.prefix, o.name}) // idle: forget it
+				f.idle--
+			}
+			e = &entry{prefix: prefix, name: name, keys: k, held: map[int]*Holder{}, busy: make(chan struct{}, 1)}
+			f.entries[k.mutex], f.names[nk] = e, e
+			f.idle++ // counted as idle until its first user, just below
+		}
+	}
 	if f.closed {
 		return nil, lock.ErrClosed
 	}
-	e := f.entries[k.mutex]
-	if e == nil {
-		e = &entry{prefix: prefix, name: name, keys: k, held: map[int]*Holder{}, busy: make(chan struct{}, 1), wake: make(chan struct{})}
-		f.entries[k.mutex] = e
-	} else if e.prefix != prefix || e.name != name {
-		return nil, fmt.Errorf("%w: %q and %q", ErrKeyCollision, e.name, name)
+	if e.refs == 0 {
+		f.idle--
 	}
 	e.refs++
 	return e, nil
@@ -249,15 +280,23 @@ func (f *Factory) unref(e *entry) {
 
 func (f *Factory) unrefLocked(e *entry) {
 	e.refs--
-	if e.refs == 0 && f.entries[e.keys.mutex] == e {
-		delete(f.entries, e.keys.mutex)
+	if e.refs > 0 || f.names[nameKey{e.prefix, e.name}] != e {
+		return
 	}
+	if f.idle < maxIdle {
+		f.idle++
+		return
+	}
+	delete(f.entries, e.keys.mutex)
+	delete(f.names, nameKey{e.prefix, e.name})
 }
 
 // wakeLocked wakes the local waiters of e. f.mu is held.
 func (e *entry) wakeLocked() {
-	close(e.wake)
-	e.wake = make(chan struct{})
+	if e.wake != nil {
+		close(e.wake)
+		e.wake = nil
+	}
 }
 
 func (f *Factory) session(k keys) *session {
@@ -296,9 +335,16 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		}
 	}()
 	for {
-		f.mu.Lock()
-		wake := e.wake
-		f.mu.Unlock()
+		var wake chan struct{}
+		if o.Wait {
+			// Taken before the attempt: a release after it closes it.
+			f.mu.Lock()
+			if e.wake == nil {
+				e.wake = make(chan struct{})
+			}
+			wake = e.wake
+			f.mu.Unlock()
+		}
 		h, err := f.try(ctx, s, e, o)
 		if w != nil && err != nil && ctx.Err() != nil {
 			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
@@ -402,9 +448,7 @@ func mismatch(name string, have, want int) error {
 }
 
 func (f *Factory) tryMutex(sc *sessionConn, e *entry, o *lock.Options) (*Holder, error) {
-	var tok int64
-	var pid int32
-	err := sc.queryRow(f.st.mutexAcquire, []any{e.keys.mutex, e.keys.mark}, &tok, &pid)
+	tok, pid, err := sc.hot(hotAcquire, e.keys.mutex, e.keys.mark)
 	if err != nil {
 		return nil, sc.cleanup(err, []int64{e.keys.mutex}, 0)
 	}
@@ -511,8 +555,17 @@ func (f *Factory) newHolder(sc *sessionConn, e *entry, o *lock.Options, key int6
 	return &Holder{
 		f: f, s: sc.s, gen: sc.s.gen, e: e, name: e.name, key: key, slot: slot, limit: limit,
 		token: uint64(tok), pid: sc.s.pid, since: time.Now(), opts: o,
-		ctx: context.WithoutCancel(sc.caller), state: backend.NewState(),
+		ctx: withoutCancel(sc.caller), state: backend.NewState(),
 	}
+}
+
+// withoutCancel is context.WithoutCancel, without the allocation when ctx
+// has no cancellation to drop.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // Close releases everything the factory started: its lock sessions are
@@ -593,10 +646,8 @@ func (h *Holder) Release() error {
 		}
 		return h.relErr
 	}
-	ctx, cancel := backend.ReleaseContext(h.ctx)
-	defer cancel()
 	var res int32
-	err := h.s.do(ctx, false, func(sc *sessionConn) error {
+	err := h.release(func(sc *sessionConn) error {
 		if sc.s.gen != h.gen {
 			return nil // the session ended; the holder was told
 		}
@@ -621,9 +672,13 @@ func (h *Holder) Release() error {
 				res = 1
 			}
 		case h.published:
-			err = sc.queryRow(h.f.st.mutexReleasePub, []any{h.key, h.e.keys.waiters, payload, int64(h.token)}, &res, &pid)
+			var v int64
+			v, pid, err = sc.hot(hotReleasePub, h.key, h.e.keys.waiters, int64(h.token))
+			res = int32(v)
 		default:
-			err = sc.queryRow(h.f.st.mutexRelease, []any{h.key, h.e.keys.waiters, payload}, &res, &pid)
+			var v int64
+			v, pid, err = sc.hot(hotRelease, h.key, h.e.keys.waiters)
+			res = int32(v)
 		}
 		if err != nil {
 			// Unknown or failed: close the session, which frees the lock.
@@ -665,6 +720,19 @@ func (h *Holder) Release() error {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: h.relErr})
 	}
 	return h.relErr
+}
+
+// release runs fn on the holder's session for Release: at once if the
+// session is free, else after waiting for it within
+// backend.ReleaseContext. The context (and its timer) is made only when
+// there is a wait.
+func (h *Holder) release(fn func(sc *sessionConn) error) error {
+	if !h.s.tryEnter() {
+		ctx, cancel := backend.ReleaseContext(h.ctx)
+		defer cancel()
+		return h.s.do(ctx, false, fn)
+	}
+	return h.s.run(h.ctx, false, fn)
 }
 
 // lose records that the lock is gone: Done closes, Err matches

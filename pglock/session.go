@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -27,17 +28,24 @@ type session struct {
 	conn     *pgx.Conn
 	pid      uint32
 	lastUsed time.Time
-	marks    map[int64]int // semaphore markers held shared, by key: local permits
-	waits    map[int64]int // waiters keys held shared, by key: local waiters
+	deadline time.Time                            // the socket's deadline; zero: none set
+	marks    map[int64]int                        // semaphore markers held shared, by key: local permits
+	waits    map[int64]int                        // waiters keys held shared, by key: local waiters
+	hot      [numHot]*pgconn.StatementDescription // prepared on conn, on first use
+	args     [3][8]byte                           // the binary parameters of a hot statement
+	params   [3][]byte
+
+	sc sessionConn // the one in use; guarded by sem
 
 	due atomic.Bool // a publication is due; the goroutine holding sem does it
 
 	mu      sync.Mutex // guards the fields below; taken after sem, never before
 	gen     uint64     // changes whenever the connection is replaced
 	holders map[*Holder]struct{}
-	pending []*Holder // held, not yet written to pglock_holders
-	armed   bool      // a publication is scheduled
-	netConn net.Conn  // for forceClose
+	pending []*Holder   // held, not yet written to pglock_holders
+	armed   bool        // a publication is scheduled
+	pub     *time.Timer // runs publishTimer; made on first use
+	netConn net.Conn    // for forceClose
 }
 
 func newSession(f *Factory, idx int) *session {
@@ -63,6 +71,22 @@ func (s *session) do(ctx context.Context, open bool, fn func(sc *sessionConn) er
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	return s.run(ctx, open, fn)
+}
+
+// tryEnter takes the session if it is free. On success the caller must
+// call run, which lets it go.
+func (s *session) tryEnter() bool {
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// run is do once sem is held; it lets sem go.
+func (s *session) run(ctx context.Context, open bool, fn func(sc *sessionConn) error) error {
 	defer func() { <-s.sem }()
 	if s.conn == nil {
 		if !open {
@@ -78,20 +102,32 @@ func (s *session) do(ctx context.Context, open bool, fn func(sc *sessionConn) er
 			return err
 		}
 	}
-	// The bound is a deadline on the socket rather than a context: cheaper
-	// on the hot path, and a statement that runs out fails like a cut
-	// network, which fails the session.
-	nc := s.conn.PgConn().Conn()
-	nc.SetDeadline(time.Now().Add(s.f.cfg.stmtTimeout))
-	err := fn(&sessionConn{s: s, c: s.conn, ctx: context.Background(), caller: ctx})
+	s.arm()
+	s.sc = sessionConn{s: s, c: s.conn, ctx: context.Background(), caller: ctx}
+	err := fn(&s.sc)
+	s.sc.caller = nil
 	if s.conn != nil && s.due.Load() {
 		s.publishLocked()
 	}
 	s.lastUsed = time.Now()
-	if s.conn != nil {
-		nc.SetDeadline(time.Time{})
-	}
 	return err
+}
+
+// arm bounds the coming use of the session by the statement timeout. The
+// bound is a deadline on the socket rather than a context: cheaper on the
+// hot path, and a statement that runs out fails like a cut network, which
+// fails the session. The deadline stays set between uses (an expired one
+// matters only to the next use, which moves it first) and is moved only
+// once it is more than a hundredth of the timeout closer than the full
+// timeout, so back-to-back statements do not each pay for a runtime timer
+// update, and the thread wake-up a new timer may cost. sem is held.
+func (s *session) arm() {
+	now := time.Now()
+	t := s.f.cfg.stmtTimeout
+	if s.deadline.Sub(now) < t-t/100 {
+		s.deadline = now.Add(t)
+		s.conn.PgConn().Conn().SetDeadline(s.deadline)
+	}
 }
 
 // open connects the session: a connection hijacked from the pool (so it
@@ -128,7 +164,7 @@ func (s *session) open(ctx context.Context) error {
 		}
 		return fmt.Errorf("pglock: opening a lock session: %w", err)
 	}
-	s.conn, s.pid, s.lastUsed = c, uint32(pid), time.Now()
+	s.conn, s.pid, s.lastUsed, s.deadline, s.hot = c, uint32(pid), time.Now(), time.Time{}, [numHot]*pgconn.StatementDescription{}
 	s.f.open.Add(1)
 	s.mu.Lock()
 	s.netConn = c.PgConn().Conn()
@@ -179,6 +215,7 @@ func closeConn(c *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	nc := c.PgConn().Conn()
+	nc.SetDeadline(time.Time{}) // a session keeps its last one; ctx bounds the close
 	c.Close(ctx)
 	nc.Close()
 }
@@ -187,6 +224,71 @@ func closeConn(c *pgx.Conn) {
 // trip once the session has prepared it.
 func (sc *sessionConn) queryRow(sql string, args []any, dest ...any) error {
 	return sc.c.QueryRow(sc.ctx, sql, append([]any{pgx.QueryExecModeCacheStatement}, args...)...).Scan(dest...)
+}
+
+// The hot statements: the mutex acquire and releases.
+const (
+	hotAcquire = iota
+	hotRelease
+	hotReleasePub
+	numHot
+)
+
+var (
+	hotNames    = [numHot]string{"pglock_mutex_acquire", "pglock_mutex_release", "pglock_mutex_release_pub"}
+	binaryCodes = []int16{1} // every parameter and result in binary
+)
+
+// hot runs a hot statement, prepared on the session's connection on its
+// first use, with int8 parameters and two integer results (a value and
+// pg_backend_pid()), all in binary. It goes to pgconn directly: one round
+// trip, as queryRow, without pgx's per-query work (statement cache lookup,
+// argument encoding through the type map, scan plans) and allocations.
+func (sc *sessionConn) hot(which int, args ...int64) (v int64, pid int32, err error) {
+	s, pg := sc.s, sc.c.PgConn()
+	sd := s.hot[which]
+	if sd == nil {
+		sql := [numHot]string{s.f.st.mutexAcquire, s.f.st.mutexRelease, s.f.st.mutexReleasePub}[which]
+		if sd, err = pg.Prepare(sc.ctx, hotNames[which], sql, nil); err != nil {
+			return 0, 0, err
+		}
+		s.hot[which] = sd
+	}
+	for i, a := range args {
+		binary.BigEndian.PutUint64(s.args[i][:], uint64(a))
+		s.params[i] = s.args[i][:]
+	}
+	rr := pg.ExecStatement(sc.ctx, sd, s.params[:len(args)], binaryCodes, binaryCodes)
+	rows, ok := 0, false
+	for rr.NextRow() {
+		rows++
+		if vals := rr.Values(); len(vals) == 2 {
+			var p int64
+			v, ok = binaryInt(vals[0])
+			p, ok2 := binaryInt(vals[1])
+			pid, ok = int32(p), ok && ok2
+		}
+	}
+	if _, err := rr.Close(); err != nil {
+		return 0, 0, err
+	}
+	if rows != 1 || !ok {
+		// Not a server error: the session is closed, as for any result
+		// that cannot be trusted.
+		return 0, 0, fmt.Errorf("pglock: unexpected result of %s (%d rows)", hotNames[which], rows)
+	}
+	return v, pid, nil
+}
+
+// binaryInt decodes a binary int4 or int8.
+func binaryInt(b []byte) (int64, bool) {
+	switch len(b) {
+	case 4:
+		return int64(int32(binary.BigEndian.Uint32(b))), true
+	case 8:
+		return int64(binary.BigEndian.Uint64(b)), true
+	}
+	return 0, false
 }
 
 // checkPID fails the session if the statement ran on another backend than
@@ -320,15 +422,40 @@ func (s *session) add(h *Holder) {
 	defer s.mu.Unlock()
 	s.holders[h] = struct{}{}
 	s.pending = append(s.pending, h)
-	s.armLocked()
+	s.armLocked(publishDelay)
 }
 
-// armLocked schedules a publication. s.mu is held.
-func (s *session) armLocked() {
+// armLocked schedules a publication in d, unless one is scheduled. s.mu
+// is held.
+func (s *session) armLocked(d time.Duration) {
 	if !s.armed {
 		s.armed = true
-		time.AfterFunc(publishDelay, s.publishTimer)
+		d = max(d, publishDelay/8)
+		if s.pub == nil {
+			s.pub = time.AfterFunc(d, s.publishTimer)
+		} else {
+			s.pub.Reset(d)
+		}
 	}
+}
+
+// dueLocked drops from pending the holders released or lost since they
+// were added, and reports whether one of the others has been held for
+// publishDelay (then 0) or else how long until the oldest will have been
+// (-1 when none is left). s.mu is held.
+func (s *session) dueLocked(now time.Time) time.Duration {
+	keep := s.pending[:0]
+	for _, h := range s.pending {
+		if _, ok := s.holders[h]; ok {
+			keep = append(keep, h)
+		}
+	}
+	clear(s.pending[len(keep):])
+	s.pending = keep
+	if len(keep) == 0 {
+		return -1
+	}
+	return max(publishDelay-now.Sub(keep[0].since), 0) // pending is in acquisition order
 }
 
 // remove forgets a released holder. sem is held.
@@ -336,6 +463,14 @@ func (s *session) remove(h *Holder) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.holders, h)
+	if len(s.holders) == 0 && s.armed {
+		// Nothing left to publish: a lock taken and given back again and
+		// again keeps no timer running.
+		s.pub.Stop()
+		s.armed = false
+		clear(s.pending)
+		s.pending = s.pending[:0]
+	}
 }
 
 func (s *session) generation() uint64 {
@@ -367,25 +502,34 @@ func (s *session) forceClose() {
 // goroutine does before letting the session go: waiting for the session
 // here would put a goroutine switch into the hot path.
 func (s *session) publishTimer() {
+	s.mu.Lock()
+	s.armed = false
+	d := s.dueLocked(time.Now())
+	if d != 0 {
+		// Nothing held long enough (the usual case of locks released
+		// within publishDelay): look again when something may be, without
+		// taking the session, so no statement ever waits for this.
+		if d > 0 {
+			s.armLocked(d)
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
 	select {
 	case s.sem <- struct{}{}:
 		defer func() { <-s.sem }()
-		s.mu.Lock()
-		s.armed = false
-		s.mu.Unlock()
 		if s.conn == nil {
 			return
 		}
-		nc := s.conn.PgConn().Conn()
-		nc.SetDeadline(time.Now().Add(s.f.cfg.stmtTimeout))
+		s.arm()
 		s.publishLocked()
-		if s.conn != nil {
-			nc.SetDeadline(time.Time{})
-		}
 	default:
 		s.due.Store(true)
 		// In case that statement ended before it saw the flag.
-		time.AfterFunc(publishDelay, s.publishTimer)
+		s.mu.Lock()
+		s.armLocked(publishDelay)
+		s.mu.Unlock()
 	}
 }
 
@@ -409,7 +553,7 @@ func (s *session) publishLocked() {
 	}
 	s.pending = keep
 	if len(keep) > 0 {
-		s.armLocked()
+		s.armLocked(publishDelay - now.Sub(keep[0].since))
 	}
 	s.mu.Unlock()
 	if len(batch) == 0 {
@@ -499,17 +643,14 @@ func (s *session) check() {
 		s.failLocked(errors.New("pglock: lock session idle"))
 		return
 	}
-	nc := s.conn.PgConn().Conn()
-	nc.SetDeadline(time.Now().Add(s.f.cfg.stmtTimeout))
+	s.arm()
 	sc := &sessionConn{s: s, c: s.conn, ctx: context.Background(), caller: context.Background()}
 	var pid int32
 	if err := sc.queryRow("SELECT pg_backend_pid()", nil, &pid); err != nil {
 		sc.fail(fmt.Errorf("pglock: health check: %w", err))
 		return
 	}
-	if sc.checkPID(pid) == nil {
-		nc.SetDeadline(time.Time{})
-	}
+	sc.checkPID(pid)
 }
 
 // close fails the session for Close: its connection is closed, which frees
