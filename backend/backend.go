@@ -178,6 +178,17 @@ func safe(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }
 
+// ResolveShared is Resolve for the hot path: a call without options of
+// its own gets dflt itself, not a copy, so it allocates nothing. The
+// caller must not change what it gets.
+func ResolveShared(dflt *lock.Options, dfltErr error, name string, opts []lock.Option, check func(*lock.Options) error) (*lock.Options, error) {
+	if len(opts) == 0 && dfltErr == nil && (check == nil || check(dflt) == nil) {
+		return dflt, lock.ValidateName(name)
+	}
+	o, err := Resolve(*dflt, dfltErr, name, opts, check)
+	return &o, err
+}
+
 // Acquire is the frame of a factory's Acquire: it resolves the call's
 // options, runs take with them (and the time the call began) unless that
 // failed, and reports the outcome as one lock.OpAcquire event (latency

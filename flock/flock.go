@@ -88,7 +88,6 @@ type Factory struct {
 	dir    string        // opts.Dir resolved, or its error in err
 	sweepN atomic.Int64  // unix nanos before which autoPrune of dir need not look
 
-	plain   bool        // opts are valid: an Acquire without options uses them as they are
 	closing atomic.Bool // set with closed: idle descriptors are no longer kept
 
 	mu     sync.Mutex
@@ -115,7 +114,6 @@ func NewFactory(opts ...Option) *Factory {
 			f.err = fmt.Errorf("flock: %w", err)
 		}
 	}
-	f.plain = f.err == nil && checkPermits(&f.opts) == nil
 	return f
 }
 
@@ -227,11 +225,7 @@ func resolveDir(dir string) (string, error) {
 // resolve returns the options of a call. Without options of its own a call
 // shares the factory's, which nobody changes, instead of copying them.
 func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
-	if len(opts) == 0 && f.plain {
-		return &f.opts, lock.ValidateName(name)
-	}
-	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
-	return &o, err
+	return backend.ResolveShared(&f.opts, f.err, name, opts, checkPermits)
 }
 
 func checkPermits(o *lock.Options) error {

@@ -198,30 +198,16 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 // runs to completion (bounded by WithStatementTimeout), so a cancelled ctx
 // never leaves the result unknown.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	start := time.Now()
-	o, err := f.resolve(name, opts)
-	if err != nil {
-		o.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Err: err})
-		return nil, err
-	}
-	h, wait, err := f.take(ctx, name, o)
-	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
-	if h != nil {
-		e.Token = h.token
-	}
-	o.Report(ctx, e)
-	return h, err
+	return backend.Acquire(ctx, backendName, ErrLocked, name,
+		func() (*lock.Options, error) { return f.resolve(name, opts) },
+		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) { return f.take(ctx, name, o) })
 }
 
 // resolve returns the options of a call. Without per-call options they are
 // the factory's own, checked by NewFactory and never written: shared, not
 // copied.
 func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
-	if len(opts) == 0 && f.err == nil {
-		return &f.opts, lock.ValidateName(name)
-	}
-	o, err := backend.Resolve(f.opts, f.err, name, opts, checkCall)
-	return &o, err
+	return backend.ResolveShared(&f.opts, f.err, name, opts, checkCall)
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. fn's context is

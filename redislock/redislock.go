@@ -255,18 +255,16 @@ func leaseOf(o *lock.Options) lease {
 }
 
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
+	return backend.Resolve(f.opts, f.err, name, opts, checkOptions)
 }
+
+func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
 
 // callOptions resolves the options of one call. A call without options
 // shares the factory's, which nothing changes after NewFactory, rather
 // than copying them.
 func (f *Factory) callOptions(name string, opts []Option) (*lock.Options, error) {
-	if len(opts) == 0 && f.err == nil {
-		return &f.opts, lock.ValidateName(name)
-	}
-	o, err := f.resolve(name, opts)
-	return &o, err
+	return backend.ResolveShared(&f.opts, f.err, name, opts, checkOptions)
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
