@@ -26,7 +26,8 @@ var (
 )
 
 // WaitError is returned when an Acquire with WithWait gives up because its
-// context ended. It matches both the backend's ErrLocked and the context's
+// context ended: while queued, during an attempt, or before the first one
+// (a context already done). It matches both the backend's ErrLocked and the context's
 // error (or cause), so either check works:
 //
 //	errors.Is(err, lock.ErrLocked)

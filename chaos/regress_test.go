@@ -19,7 +19,9 @@ import (
 //
 // Found by the chaos run of etcdlock (TestChaos/etcdlock, CHAOS_SEED=1): a
 // wait cancelled while its queue transaction was in flight returned the
-// bare "context canceled".
+// bare "context canceled"; and again by that of redislock, whose first
+// attempt, cancelled mid-script, returned "redislock: acquire: context
+// canceled". backend.Acquire now says it alike for every backend.
 func TestCancelledWaitMatchesErrLocked(t *testing.T) {
 	for _, b := range backendNames {
 		t.Run(b, func(t *testing.T) {
@@ -49,13 +51,15 @@ func TestCancelledWaitMatchesErrLocked(t *testing.T) {
 			if !errors.Is(err, lock.ErrLocked) {
 				t.Fatalf("warm-up wait: %v", err)
 			}
+			// Deadlines from already past, through shorter than a round
+			// trip (the ctx ends mid-request), to a few milliseconds.
 			bad := 0
 			for i := 0; i < 40; i++ {
-				d := time.Duration(i) * 250 * time.Microsecond
+				d := time.Duration(i*i) * 5 * time.Microsecond
 				wctx, wcancel := context.WithTimeout(context.Background(), d)
 				_, err := f.acquire(wctx, "held", lock.WithWait())
 				wcancel()
-				if d > 0 && (!errors.Is(err, lock.ErrLocked) || !errors.Is(err, context.DeadlineExceeded)) {
+				if !errors.Is(err, lock.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
 					bad++
 					if bad <= 3 {
 						t.Errorf("Acquire(WithWait) on a held name, ctx deadline %v: %v; want an error matching lock.ErrLocked and context.DeadlineExceeded", d, err)
@@ -63,7 +67,7 @@ func TestCancelledWaitMatchesErrLocked(t *testing.T) {
 				}
 			}
 			if bad > 3 {
-				t.Errorf("... %d of 39 waits in all", bad)
+				t.Errorf("... %d of 40 waits in all", bad)
 			}
 		})
 	}

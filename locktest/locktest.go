@@ -515,16 +515,20 @@ func (s *suite) waitTimeout(t *testing.T) {
 	}
 	name := s.name(t, "x")
 	h := s.mustAcquire(t, s.New(t), name)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	w, err := s.New(t, lock.WithWait()).Acquire(ctx, name)
-	if err == nil {
-		w.Release()
-		t.Fatal("a wait on a held lock succeeded")
-	}
-	for _, want := range []error{s.ErrLocked, lock.ErrLocked, context.DeadlineExceeded} {
-		if !errors.Is(err, want) {
-			t.Errorf("wait that ran out = %v; want it to match %v", err, want)
+	// A wait that runs out while queued, and one whose ctx has ended
+	// before it began: both gave up waiting.
+	for _, d := range []time.Duration{100 * time.Millisecond, 0} {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		w, err := s.New(t, lock.WithWait()).Acquire(ctx, name)
+		cancel()
+		if err == nil {
+			w.Release()
+			t.Fatal("a wait on a held lock succeeded")
+		}
+		for _, want := range []error{s.ErrLocked, lock.ErrLocked, context.DeadlineExceeded} {
+			if !errors.Is(err, want) {
+				t.Errorf("wait with a deadline of %v = %v; want it to match %v", d, err, want)
+			}
 		}
 	}
 	s.mustRelease(t, h)
