@@ -28,8 +28,7 @@ func floorCycle(ctx context.Context, rdb *redis.Client, key, val string) error {
 // floor, interleaved in one loop so that both see the same machine load.
 func BenchmarkAcquireRelease(b *testing.B) {
 	rdb := newClient(b)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(b, rdb)
 	ctx := context.Background()
 	name := uniq(b, "x")
 	key := testPrefix + "floor:" + name

@@ -25,8 +25,7 @@ import (
 // Release report the loss, and neither touches the successor's lock.
 func TestStalledHolderCannotTouchSuccessor(t *testing.T) {
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	for _, limit := range []int{1, 2} {
 		for _, op := range []string{"Extend", "Release"} {
@@ -220,8 +219,7 @@ func TestSIGKILLHolder(t *testing.T) {
 		return
 	}
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	name := uniq(t, "x")
 	c := startChild(t, "kill-holder", "TestSIGKILLHolder", name)
 	tok := c.token()
@@ -454,8 +452,7 @@ func TestWaiterCancelLeavesNothing(t *testing.T) {
 	defer wc.Close()
 	f := NewFactory(wc, WithKeyPrefix(testPrefix), WithLogger(nil))
 	defer f.Close()
-	holderF := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer holderF.Close()
+	holderF := testFactory(t, rdb)
 	name := uniq(t, "x")
 	h, err := holderF.Acquire(ctxT(t), name)
 	if err != nil {

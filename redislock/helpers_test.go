@@ -153,3 +153,11 @@ func numsub(t testing.TB, rdb *redis.Client, ch string) int64 {
 }
 
 func ctx0() context.Context { return context.Background() }
+
+// testFactory returns a factory on rdb under the test prefix, without a
+// logger, closed at cleanup.
+func testFactory(t testing.TB, rdb *redis.Client, opts ...Option) *Factory {
+	f := NewFactory(rdb, append([]Option{WithKeyPrefix(testPrefix), WithLogger(nil)}, opts...)...)
+	t.Cleanup(func() { f.Close() })
+	return f
+}

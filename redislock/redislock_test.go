@@ -177,8 +177,7 @@ func TestInspectShowsOwnerAndMetadata(t *testing.T) {
 // A lost token counter never makes tokens go back.
 func TestTokensSurviveLostCounter(t *testing.T) {
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "x")
 	var last uint64
@@ -205,8 +204,7 @@ func TestTokensSurviveLostCounter(t *testing.T) {
 // the holder's stored value carries the raised token.
 func TestTokenAboveCounterAheadOfClock(t *testing.T) {
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "x")
 	k := keysFor(testPrefix, name)
@@ -235,8 +233,7 @@ func TestTokenAboveCounterAheadOfClock(t *testing.T) {
 // fails half-way leaves no lock behind.
 func TestAcquireRetriedAndFailed(t *testing.T) {
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "x")
 	k := keysFor(testPrefix, name)
@@ -384,8 +381,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer other.Close()
+	other := testFactory(t, rdb)
 	held, err := other.Acquire(ctx, name+"/held")
 	if err != nil {
 		t.Fatal(err)
@@ -418,8 +414,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 // Waiters of one process are served in arrival order.
 func TestWaitFIFOInProcess(t *testing.T) {
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "q")
 	h, err := f.Acquire(ctx, name)
@@ -460,8 +455,7 @@ func (f *Factory) waiting(ch string) int { return f.hub.waiting(ch) }
 // polling fallback, without a release notification.
 func TestWaitFindsExpiredPermit(t *testing.T) {
 	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
+	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "sem")
 	h, err := f.Acquire(ctx, name, WithMaxConcurrent(2), WithTTL(time.Minute))
