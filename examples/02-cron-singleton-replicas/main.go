@@ -34,9 +34,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -143,27 +141,11 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (result, error) {
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Postgres, replica.Redis, replica.Etcd)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Postgres, replica.Redis, replica.Etcd)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	fmt.Printf("three replicas on %s, three hourly ticks\n", b)
+func demo(ctx context.Context, c *replica.Cluster) error {
+	fmt.Printf("three replicas on %s, three hourly ticks\n", c.Backend)
 	res, err := run(ctx, c, config{Replicas: 3, Hours: 3, Jitter: 20 * time.Millisecond, Work: 50 * time.Millisecond})
 	if err != nil {
 		return err

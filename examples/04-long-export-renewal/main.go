@@ -28,7 +28,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log"
 	"log/slog"
@@ -214,26 +213,10 @@ func takeAway(ctx context.Context, c *replica.Cluster, name string) error {
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Redis)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Redis)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_, err = run(ctx, c, config{TTL: 500 * time.Millisecond, Duration: 2 * time.Second})
+func demo(ctx context.Context, c *replica.Cluster) error {
+	_, err := run(ctx, c, config{TTL: 500 * time.Millisecond, Duration: 2 * time.Second})
 	return err
 }

@@ -25,9 +25,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,32 +129,16 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (res result, err e
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Filelock, replica.Flock, replica.Postgres, replica.Redis, replica.Etcd)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Filelock, replica.Flock, replica.Postgres, replica.Redis, replica.Etcd)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+func demo(ctx context.Context, c *replica.Cluster) error {
 	start := time.Now()
 	res, err := run(ctx, c, config{Batches: 50, Processes: 2, Limit: 3, Work: 20 * time.Millisecond})
 	if err != nil {
 		return err
 	}
 	fmt.Printf("%s: indexed %d batches in %v from 2 processes, at most %d at once\n",
-		b, res.Indexed, time.Since(start).Round(time.Millisecond), res.Peak)
+		c.Backend, res.Indexed, time.Since(start).Round(time.Millisecond), res.Peak)
 	return nil
 }

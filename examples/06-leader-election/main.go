@@ -32,9 +32,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -216,26 +214,10 @@ func next(ctx context.Context, ch <-chan term) (term, error) {
 }
 
 func main() {
-	backend := replica.Flag(replica.Flock, replica.Etcd, replica.Filelock, replica.Postgres, replica.Redis)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Flock, replica.Etcd, replica.Filelock, replica.Postgres, replica.Redis)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_, err = run(ctx, c, config{Replicas: 3, TTL: 2 * time.Second, Retry: 100 * time.Millisecond, Every: 20 * time.Millisecond})
+func demo(ctx context.Context, c *replica.Cluster) error {
+	_, err := run(ctx, c, config{Replicas: 3, TTL: 2 * time.Second, Retry: 100 * time.Millisecond, Every: 20 * time.Millisecond})
 	return err
 }

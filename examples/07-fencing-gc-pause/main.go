@@ -32,9 +32,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -255,26 +253,10 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (res result, err e
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Redis, replica.Etcd)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Redis, replica.Etcd)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_, err = run(ctx, c, config{TTL: 300 * time.Millisecond})
+func demo(ctx context.Context, c *replica.Cluster) error {
+	_, err := run(ctx, c, config{TTL: 300 * time.Millisecond})
 	return err
 }

@@ -33,9 +33,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"log/slog"
 	"strings"
 	"sync"
@@ -278,26 +276,10 @@ func (db *memDB) Applied(ctx context.Context, version string) (bool, error) {
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Postgres)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Postgres)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+func demo(ctx context.Context, c *replica.Cluster) error {
 	res, err := run(ctx, c)
 	if err != nil {
 		return err

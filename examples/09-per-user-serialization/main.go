@@ -23,9 +23,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"sync"
 	"time"
 
@@ -147,26 +145,10 @@ func run(ctx context.Context, c *replica.Cluster, work time.Duration) (res resul
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Redis, replica.Postgres, replica.Etcd)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Redis, replica.Postgres, replica.Etcd)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+func demo(ctx context.Context, c *replica.Cluster) error {
 	res, err := run(ctx, c, 50*time.Millisecond)
 	if err != nil {
 		return err

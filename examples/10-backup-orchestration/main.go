@@ -30,9 +30,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -133,26 +131,10 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (result, error) {
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Etcd, replica.Redis)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Etcd, replica.Redis)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+func demo(ctx context.Context, c *replica.Cluster) error {
 	res, err := run(ctx, c, config{Hosts: 10, Days: 2, Jitter: 20 * time.Millisecond, Late: 2, Work: 50 * time.Millisecond})
 	if err != nil {
 		return err

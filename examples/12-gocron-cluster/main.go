@@ -27,9 +27,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"sort"
 	"sync"
 	"time"
@@ -179,26 +177,10 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (res result, err e
 }
 
 func main() {
-	backend := replica.Flag(replica.Filelock, replica.Redis, replica.Postgres, replica.Etcd)
-	flag.Parse()
-	if err := demo(backend); err != nil {
-		log.Fatal(err)
-	}
+	replica.Main(demo, replica.Filelock, replica.Redis, replica.Postgres, replica.Etcd)
 }
 
-func demo(backend func() (string, error)) error {
-	b, err := backend()
-	if err != nil {
-		return err
-	}
-	// A demo never hangs: everything it waits for ends with ctx.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := replica.Open(ctx, b, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+func demo(ctx context.Context, c *replica.Cluster) error {
 	res, err := run(ctx, c, config{
 		Skews:    []time.Duration{0, 40 * time.Millisecond, 80 * time.Millisecond},
 		Interval: 300 * time.Millisecond, Hold: 150 * time.Millisecond, Ticks: 5, Work: 20 * time.Millisecond,

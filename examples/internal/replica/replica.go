@@ -17,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"os"
 	"slices"
 	"strings"
@@ -83,6 +84,34 @@ func Flag(zero, real string, also ...string) func() (string, error) {
 		}
 		return b, nil
 	}
+}
+
+// Main is the main of an example that runs on a Cluster: it registers
+// -backend (zero, real and also as for Flag), parses the flags, opens the
+// cluster of the chosen backend and runs demo on it, and exits with demo's
+// error. A demo never hangs: everything it waits for ends with the
+// one-minute ctx it gets.
+func Main(demo func(ctx context.Context, c *Cluster) error, zero, real string, also ...string) {
+	backend := Flag(zero, real, also...)
+	flag.Parse()
+	if err := runDemo(backend, demo); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func runDemo(backend func() (string, error), demo func(ctx context.Context, c *Cluster) error) error {
+	b, err := backend()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := Open(ctx, b, "")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return demo(ctx, c)
 }
 
 // Service is the name of the service backend needs, "" for none.
