@@ -53,6 +53,18 @@ func (c *config) invalid(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("gocronlock: %w: "+format, append([]any{lock.ErrInvalidOption}, args...)...))
 }
 
+// nonNegative is the Option named name that sets the duration at field to
+// d, or reports d invalid if it is negative.
+func nonNegative(name string, d time.Duration, field func(*config) *time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.invalid("%s(%v): must not be negative", name, d)
+			return
+		}
+		*field(c) = d
+	}
+}
+
 func (c *config) log() *slog.Logger {
 	switch {
 	case c.noLog:
@@ -76,13 +88,7 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = p
 // would otherwise repeat. d must stay below the job's interval minus that
 // skew, or the next run is skipped too. 0 releases at once. Default: 500ms.
 func WithMinHold(d time.Duration) Option {
-	return func(c *config) {
-		if d < 0 {
-			c.invalid("WithMinHold(%v): must not be negative", d)
-			return
-		}
-		c.minHold = d
-	}
+	return nonNegative("WithMinHold", d, func(c *config) *time.Duration { return &c.minHold })
 }
 
 // WithTickResolution makes the Locker also take a lock per scheduled run,
@@ -94,13 +100,7 @@ func WithMinHold(d time.Duration) Option {
 // do at d = 1s; give duration jobs gocron.WithStartAt). 0 turns tick locks
 // off. Default: off.
 func WithTickResolution(d time.Duration) Option {
-	return func(c *config) {
-		if d < 0 {
-			c.invalid("WithTickResolution(%v): must not be negative", d)
-			return
-		}
-		c.resolution = d
-	}
+	return nonNegative("WithTickResolution", d, func(c *config) *time.Duration { return &c.resolution })
 }
 
 // WithExtendEvery makes the Locker call Extend every d on the locks of a run
@@ -110,13 +110,7 @@ func WithTickResolution(d time.Duration) Option {
 // Extend that reports lock.ErrLockLost marks the run's lock lost (see
 // JobContext). 0 turns it off. Default: off.
 func WithExtendEvery(d time.Duration) Option {
-	return func(c *config) {
-		if d < 0 {
-			c.invalid("WithExtendEvery(%v): must not be negative", d)
-			return
-		}
-		c.extendEvery = d
-	}
+	return nonNegative("WithExtendEvery", d, func(c *config) *time.Duration { return &c.extendEvery })
 }
 
 // WithAllowFuncNames turns off the check that rejects job names shaped like
@@ -144,13 +138,7 @@ func WithRetryInterval(d time.Duration) Option {
 // just before losing is not run again by a new leader whose timer fires up
 // to d later. 0 makes the winner leader at once. Default: 500ms.
 func WithTakeoverDelay(d time.Duration) Option {
-	return func(c *config) {
-		if d < 0 {
-			c.invalid("WithTakeoverDelay(%v): must not be negative", d)
-			return
-		}
-		c.takeover = d
-	}
+	return nonNegative("WithTakeoverDelay", d, func(c *config) *time.Duration { return &c.takeover })
 }
 
 // WithLogger sets where the Locker and Elector log (rejected job names and
