@@ -189,6 +189,19 @@ func ResolveShared(dflt *lock.Options, dfltErr error, name string, opts []lock.O
 	return &o, err
 }
 
+// CheckStore is what a Fence or Ledger method checks before it sends
+// anything: the store's own configuration error, ctx, and the key, which
+// must be a valid lock name.
+func CheckStore(ctx context.Context, storeErr error, key string) error {
+	if storeErr != nil {
+		return storeErr
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return lock.ValidateName(key)
+}
+
 // Acquire is the frame of a factory's Acquire: it resolves the call's
 // options, runs take with them (and the time the call began) unless that
 // failed, and reports the outcome as one lock.OpAcquire event (latency

@@ -92,7 +92,7 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 //
 //	err := fence.Apply(ctx, "exports/today", h.Token(), clientv3.OpPut("exports/today", data))
 func (f *Fence) Apply(ctx context.Context, key string, token uint64, ops ...clientv3.Op) error {
-	if err := storeCheck(ctx, f.err, key); err != nil {
+	if err := backend.CheckStore(ctx, f.err, key); err != nil {
 		return err
 	}
 	if token == 0 {
@@ -119,7 +119,7 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, ops ...clie
 
 // Done reports whether key is recorded.
 func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
-	if err := storeCheck(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.err, key); err != nil {
 		return false, err
 	}
 	resp, err := l.cli.Get(ctx, l.Key(key), clientv3.WithCountOnly())
@@ -132,7 +132,7 @@ func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
 // MarkDone records key as done by token, unless it already is: the first
 // record wins and a repeated call changes nothing.
 func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
-	if err := storeCheck(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.err, key); err != nil {
 		return err
 	}
 	k := l.Key(key)
@@ -144,14 +144,4 @@ func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
 		return fmt.Errorf("etcdlock: ledger: %w", err)
 	}
 	return nil
-}
-
-func storeCheck(ctx context.Context, err error, key string) error {
-	if err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return lock.ValidateName(key)
 }

@@ -98,7 +98,7 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 // it was a real holder's, so every lower token is stale anyway. write
 // should be short; other writers of key wait for it.
 func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func() error) error {
-	if err := storeCheck(ctx, f.err, key); err != nil {
+	if err := backend.CheckStore(ctx, f.err, key); err != nil {
 		return err
 	}
 	if token == 0 {
@@ -147,7 +147,7 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func(
 
 // Done reports whether key is recorded.
 func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
-	if err := storeCheck(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.err, key); err != nil {
 		return false, err
 	}
 	var st unix.Stat_t
@@ -164,7 +164,7 @@ func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
 // MarkDone records key as done by token, unless it already is: the first
 // record wins and a repeated call changes nothing.
 func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
-	if err := storeCheck(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.err, key); err != nil {
 		return err
 	}
 	if err := ensureDir(l.dir); err != nil {
@@ -195,16 +195,6 @@ func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
 	// synced the directory yet, and ours must not report a record that a
 	// crash could still take back.
 	return syncDir(l.dir)
-}
-
-func storeCheck(ctx context.Context, err error, key string) error {
-	if err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return lock.ValidateName(key)
 }
 
 // madeDirs are the store directories this process has created or found,

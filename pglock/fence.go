@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Fence is a lock.Fence kept in a Postgres table, pglock_fences in the
@@ -112,13 +113,7 @@ func newStore(pool *pgxpool.Pool, table string, opts []Option) *store {
 
 // check rejects what no statement should be sent for.
 func (s *store) check(ctx context.Context, key string) error {
-	if s.err != nil {
-		return s.err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return lock.ValidateName(key)
+	return backend.CheckStore(ctx, s.err, key)
 }
 
 // ensure creates the table unless this store has seen it. Creators in

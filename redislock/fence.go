@@ -103,7 +103,7 @@ return {1}
 // matching lock.ErrStaleToken, recording nothing, if a higher token is
 // recorded or token is 0.
 func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) error {
-	if err := storeCheck(ctx, f.err, key); err != nil {
+	if err := backend.CheckStore(ctx, f.err, key); err != nil {
 		return err
 	}
 	if token == 0 {
@@ -124,7 +124,7 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 
 // Done reports whether key is recorded.
 func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
-	if err := storeCheck(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.err, key); err != nil {
 		return false, err
 	}
 	p := l.c.Pipeline()
@@ -138,7 +138,7 @@ func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
 // MarkDone records key as done by token, unless it already is: the first
 // record wins and a repeated call changes nothing.
 func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
-	if err := storeCheck(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.err, key); err != nil {
 		return err
 	}
 	p := l.c.Pipeline()
@@ -147,14 +147,4 @@ func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
 		return fmt.Errorf("redislock: ledger: %w", err)
 	}
 	return nil
-}
-
-func storeCheck(ctx context.Context, err error, key string) error {
-	if err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return lock.ValidateName(key)
 }
