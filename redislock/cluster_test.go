@@ -1,17 +1,13 @@
 package redislock
 
 import (
-	"context"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/ubgo/lock"
-	"github.com/ubgo/lock/locktest"
 )
 
 // startCluster runs a one-node Redis Cluster that owns every slot: enough to
@@ -40,29 +36,7 @@ func startCluster(t *testing.T) (*redis.ClusterClient, string) {
 
 func TestClusterConformance(t *testing.T) {
 	cc, _ := startCluster(t)
-	fs := [2]*Factory{
-		NewFactory(cc, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
-		NewFactory(cc, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
-	}
-	t.Cleanup(func() { fs[0].Close(); fs[1].Close() })
-	var n atomic.Uint32
-	locktest.Run(t, locktest.Backend{
-		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
-			return fs[n.Add(1)%2].AsLocker(opts...)
-		},
-		ErrLocked:   ErrLocked,
-		ErrLockLost: ErrLockLost,
-		Wait:        true,
-		Semaphore:   true,
-		Extend:      true,
-		TTL:         time.Second,
-		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
-		Lose: func(t testing.TB, h lock.Holder) {
-			if err := cc.Del(context.Background(), h.(*Holder).k.lock).Err(); err != nil {
-				t.Errorf("deleting the lock key: %v", err)
-			}
-		},
-	})
+	runConformance(t, cc, cc)
 }
 
 // Renewal of mutexes and semaphore permits one script each (the path for

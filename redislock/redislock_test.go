@@ -17,12 +17,16 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	rdb := newClient(t)
 	// Two factories on two clients, used in turn: lockers contend like two
 	// processes would.
+	runConformance(t, newClient(t), newClient(t))
+}
+
+// runConformance runs locktest.Run on two factories, one on each client.
+func runConformance(t *testing.T, a, b redis.UniversalClient) {
 	fs := [2]*Factory{
-		NewFactory(rdb, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
-		NewFactory(newClient(t), WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
+		NewFactory(a, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
+		NewFactory(b, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)),
 	}
 	t.Cleanup(func() { fs[0].Close(); fs[1].Close() })
 	var n atomic.Uint32
@@ -38,7 +42,7 @@ func TestConformance(t *testing.T) {
 		TTL:         time.Second,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
 		Lose: func(t testing.TB, h lock.Holder) {
-			if err := rdb.Del(context.Background(), h.(*Holder).k.lock).Err(); err != nil {
+			if err := a.Del(context.Background(), h.(*Holder).k.lock).Err(); err != nil {
 				t.Errorf("deleting the lock key: %v", err)
 			}
 		},
