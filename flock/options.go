@@ -61,15 +61,7 @@ const DefaultPruneAfter = time.Hour
 // (see Factory.Prune for the protocol). 0 turns automatic sweeps off.
 // Default DefaultPruneAfter (1h). A pruned name's counter is gone; the
 // directory's fence file keeps its next token above the last one.
-func WithPruneAfter(d time.Duration) Option {
-	return func(o *lock.Options) {
-		if d < 0 {
-			o.Invalid("flock: WithPruneAfter(" + d.String() + "): must not be negative")
-			return
-		}
-		lock.WithValue(pruneKey{}, d)(o)
-	}
-}
+func WithPruneAfter(d time.Duration) Option { return duration("WithPruneAfter", pruneKey{}, d) }
 
 type checkKey struct{}
 
@@ -84,15 +76,7 @@ const DefaultCheckInterval = time.Second
 // ErrLockLost) within one interval. 0 turns the check off. Default
 // DefaultCheckInterval (1s). It is a factory option: per-call values are
 // ignored.
-func WithCheckInterval(d time.Duration) Option {
-	return func(o *lock.Options) {
-		if d < 0 {
-			o.Invalid("flock: WithCheckInterval(" + d.String() + "): must not be negative")
-			return
-		}
-		lock.WithValue(checkKey{}, d)(o)
-	}
-}
+func WithCheckInterval(d time.Duration) Option { return duration("WithCheckInterval", checkKey{}, d) }
 
 func pruneAfter(o *lock.Options) time.Duration {
 	if d, ok := o.Value(pruneKey{}).(time.Duration); ok {
@@ -106,4 +90,13 @@ func checkInterval(o *lock.Options) time.Duration {
 		return d
 	}
 	return DefaultCheckInterval
+}
+
+// duration is the option named what that stores d under key, or reports it
+// invalid if it is negative.
+func duration(what string, key any, d time.Duration) Option {
+	if d < 0 {
+		return func(o *lock.Options) { o.Invalid("flock: " + what + "(" + d.String() + "): must not be negative") }
+	}
+	return lock.WithValue(key, d)
 }
