@@ -242,17 +242,13 @@ func demo(backend func() (string, error)) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	self, err := os.Executable()
+	spawn, err := testenv.Spawner(childRole)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := run(ctx, config{Dir: dir, Stale: time.Second, Spawn: func() *exec.Cmd {
-		cmd := exec.Command(self)
-		cmd.Env = append(os.Environ(), testenv.ChildEnv+"="+childRole)
-		return cmd
-	}})
+	res, err := run(ctx, config{Dir: dir, Stale: time.Second, Spawn: spawn})
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,21 @@ const ChildEnv = "LOCK_TEST_CHILD"
 // Child returns the role this process was started to play by Command, or "".
 func Child() string { return os.Getenv(ChildEnv) }
 
+// Spawner returns a function that makes commands running this program
+// again as a child playing role: for a program (an example's main) what
+// Command is for a test binary. Its main checks Child() first.
+func Spawner(role string) (func() *exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return func() *exec.Cmd {
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), ChildEnv+"="+role)
+		return cmd
+	}, nil
+}
+
 // Command returns a command that runs this test binary again as a child
 // playing role: the child's TestMain (or test) checks Child() and acts.
 // Only the named test runs, so the child does no other work.
