@@ -695,13 +695,7 @@ func (h *Holder) Release() error {
 		h.lose(fmt.Errorf("%w: %q was no longer held by its session", ErrLockLost, h.name))
 		return h.state.Err()
 	}
-	h.f.mu.Lock()
-	if h.e.held[h.slot] == h {
-		delete(h.e.held, h.slot)
-		h.e.wakeLocked()
-		h.f.unrefLocked(h.e)
-	}
-	h.f.mu.Unlock()
+	h.unhold()
 	if h.state.End() {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: h.relErr})
 	}
@@ -721,9 +715,9 @@ func (h *Holder) release(fn func(sc *sessionConn) error) error {
 	return h.s.run(h.ctx, false, fn)
 }
 
-// lose records that the lock is gone: Done closes, Err matches
-// ErrLockLost, and local waiters are woken.
-func (h *Holder) lose(err error) {
+// unhold takes the holder out of its name's table, and wakes the name's
+// local waiters.
+func (h *Holder) unhold() {
 	h.f.mu.Lock()
 	if h.e.held[h.slot] == h {
 		delete(h.e.held, h.slot)
@@ -731,6 +725,12 @@ func (h *Holder) lose(err error) {
 		h.f.unrefLocked(h.e)
 	}
 	h.f.mu.Unlock()
+}
+
+// lose records that the lock is gone: Done closes, Err matches
+// ErrLockLost, and local waiters are woken.
+func (h *Holder) lose(err error) {
+	h.unhold()
 	if h.state.Lose(err) {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
