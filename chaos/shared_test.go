@@ -24,8 +24,8 @@ import (
 	"github.com/ubgo/lock/redislock"
 )
 
-// The fuzz targets and regression tests use the shared services (the
-// standard ports of scripts/services.sh), not private ones.
+// The fuzz targets and regression tests use the shared services (those of
+// scripts/services.sh, at testenv's endpoints), not servers of their own.
 
 // acquirer is a backend factory seen through its common methods.
 type acquirer struct {

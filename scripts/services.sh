@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# scripts/services.sh — bring up the local services the ubgo/lock backend
-# tests talk to (PostgreSQL, Redis, etcd) on a Debian 12 machine where we are
-# root. Idempotent: if everything is already up it only checks and exits.
+# scripts/services.sh — private PostgreSQL, Redis and etcd servers for the
+# ubgo/lock tests, on ports of their own, with their data in a cache
+# directory. It never reconfigures, restarts or stops a server it did not
+# start: the machine's own Postgres, Redis or etcd are left alone.
 #
 # Usage:
-#   scripts/services.sh [up]                    bring up postgres, redis and etcd
-#   scripts/services.sh up postgres|redis|etcd  bring up just one (several allowed)
-#   scripts/services.sh status                  print "<service>: up|down" for each
-#                                               (exit 0 if all managed ones are up)
-#   scripts/services.sh etcd-bin                print the etcd binary path (installs
-#                                               etcd-server if needed)
+#   scripts/services.sh [up]                      start (or reuse) all three
+#   scripts/services.sh up postgres|redis|etcd    just those (several allowed)
+#   scripts/services.sh down [postgres|redis|etcd] stop ours (all by default)
+#   scripts/services.sh status                    "<service>: up|down|external ..."
+#                                                 (exit 0 if all managed ones are up)
+#   scripts/services.sh etcd-bin                  print the etcd binary path
+#                                                 (installs etcd-server if needed)
 #
-# Endpoints (loopback only):
-#   postgres  127.0.0.1:5432  user postgres, trust auth, database "test"
-#   redis     127.0.0.1:6379
-#   etcd      127.0.0.1:2379 (client), 127.0.0.1:2380 (peer)
+# Endpoints (loopback only), which internal/testenv uses by default:
+#   postgres  127.0.0.1:55432  user postgres, trust auth, database "test"
+#   redis     127.0.0.1:56379  no persistence
+#   etcd      127.0.0.1:52379 (client), 127.0.0.1:52380 (peer)
 #
-# If LOCK_TEST_POSTGRES_DSN / LOCK_TEST_REDIS_ADDR / LOCK_TEST_ETCD_ENDPOINTS
-# point somewhere other than the defaults above, that service is not managed.
+# Data, logs and pid files live under $LOCK_SERVICES_DIR, by default
+# /var/cache/ubgo-lock as root (the cluster runs as the postgres user, who
+# cannot reach /root) and ${XDG_CACHE_HOME:-$HOME/.cache}/ubgo-lock otherwise.
+# Missing server packages are installed with apt-get (as root).
+#
+# A LOCK_TEST_POSTGRES_DSN / LOCK_TEST_REDIS_ADDR / LOCK_TEST_ETCD_ENDPOINTS
+# that names another server leaves that service alone: not started, not
+# touched.
 #
 # Status lines go to stderr; only `status` and `etcd-bin` write to stdout.
 # Daemons are started with all stdio redirected to files so they never hold a
@@ -25,29 +33,55 @@
 
 set -euo pipefail
 
-PG_HOST=127.0.0.1
-PG_PORT=5432
+PG_PORT=55432
 PG_DB=test
-REDIS_PORT=6379
-ETCD_CLIENT_PORT=2379
-ETCD_PEER_PORT=2380
-ETCD_DATA_DIR=/var/lib/ubgo-lock-etcd
-ETCD_LOG=/var/log/ubgo-lock-etcd.log
-ETCD_PID_FILE=/run/ubgo-lock-etcd.pid
-REDIS_DIR=/var/lib/redis
-REDIS_LOG_DIR=/var/log/redis
-APT_LOG=/var/log/ubgo-lock-services-apt.log
-LOCK_FILE=/run/ubgo-lock-services.lock
+REDIS_PORT=56379
+ETCD_CLIENT_PORT=52379
+ETCD_PEER_PORT=52380
+
+# pglock's scale test holds 10,000 advisory locks at once while other
+# packages' tests hold theirs; the shared lock table has room for about
+# max_locks_per_transaction × max_connections (64 × 100 by default).
+PG_SETTINGS=(
+	"listen_addresses=127.0.0.1"
+	"port=$PG_PORT"
+	"max_connections=200"
+	"max_locks_per_transaction=256"
+)
+
+if [[ -n "${LOCK_SERVICES_DIR:-}" ]]; then
+	DIR=$LOCK_SERVICES_DIR
+elif [[ $EUID -eq 0 ]]; then
+	DIR=/var/cache/ubgo-lock
+else
+	DIR=${XDG_CACHE_HOME:-$HOME/.cache}/ubgo-lock
+fi
+PG_DIR=$DIR/postgres
+PG_DATA=$PG_DIR/data
+PG_SOCK=$PG_DIR/run
+PG_LOG=$PG_DIR/postgres.log
+REDIS_DIR=$DIR/redis
+REDIS_PID_FILE=$REDIS_DIR/redis.pid
+REDIS_LOG=$REDIS_DIR/redis.log
+ETCD_DIR=$DIR/etcd
+ETCD_DATA=$ETCD_DIR/data
+ETCD_PID_FILE=$ETCD_DIR/etcd.pid
+ETCD_LOG=$ETCD_DIR/etcd.log
+APT_LOG=$DIR/apt.log
+LOCK_FILE=$DIR/services.lock
 
 APT_UPDATED=0
 ETCD_BIN=""
+PG_BIN=""
 
 log() { printf '%s\n' "$*" >&2; }
 die() { printf 'services.sh: error: %s\n' "$*" >&2; exit 1; }
 
-# Serialise concurrent invocations (e.g. parallel test packages). fd 9 must be
+# Serialise concurrent invocations (e.g. two test runs). fd 9 must be
 # closed (9>&-) for every long-lived child, or the daemon would keep the lock.
 take_lock() {
+	# As root the postgres user must be able to pass through it.
+	[[ -d "$DIR" ]] || mkdir -p -m 755 "$DIR"
 	exec 9>"$LOCK_FILE" || die "cannot open lock file $LOCK_FILE"
 	flock -w 900 9 || die "timed out waiting for $LOCK_FILE"
 }
@@ -55,6 +89,33 @@ take_lock() {
 # tcp_open PORT — is something accepting connections on 127.0.0.1:PORT?
 tcp_open() {
 	timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# our_pid PID COMM DIR — is PID a live process named COMM whose working
+# directory is DIR? Postgres and Redis chdir to their data directory, and
+# etcd is started in its own; so a stale pid file never makes us signal
+# someone else's process.
+our_pid() {
+	[[ "$1" =~ ^[0-9]+$ ]] && kill -0 "$1" 2>/dev/null || return 1
+	[[ "$(cat "/proc/$1/comm" 2>/dev/null)" == "$2" ]] || return 1
+	[[ "$(readlink "/proc/$1/cwd" 2>/dev/null)" == "$(readlink -f "$3")" ]]
+}
+
+# pid_from FILE — the first line of a pid file, or nothing.
+pid_from() {
+	[[ -f "$1" ]] && head -n 1 "$1" 2>/dev/null || true
+}
+
+# stop_pid PID NAME — SIGTERM, wait up to 30 s, then SIGKILL.
+stop_pid() {
+	local pid=$1 i
+	kill -TERM "$pid" 2>/dev/null || return 0
+	for ((i = 0; i < 150; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.2
+	done
+	log "$2: pid $pid still running after 30 s, killing it"
+	kill -KILL "$pid" 2>/dev/null || true
 }
 
 # ---------------------------------------------------------------- apt helpers
@@ -70,6 +131,7 @@ wait_for_apt() {
 }
 
 apt_install() {
+	[[ $EUID -eq 0 ]] || die "$* not installed; run as root, or: sudo apt-get install $*"
 	local rc=0
 	wait_for_apt
 	if ((APT_UPDATED == 0)); then
@@ -90,16 +152,17 @@ apt_install() {
 
 # ------------------------------------------------------ endpoint override logic
 
-# is_local_hostport HOST PORT DEFAULT_PORT
-is_local_hostport() {
-	local host=$1 port=$2 def=$3
+# is_ours HOST PORT OUR_PORT — does host:port name our private server?
+# An empty port is the client's standard one (5432, 6379, 2379), not ours.
+is_ours() {
+	local host=$1 port=$2 our=$3
 	host=${host#[}
 	host=${host%]}
 	case "$host" in
-	"" | 127.0.0.1 | localhost | ::1 | /*) ;; # /* = unix socket dir on this machine
+	127.0.0.1 | localhost | ::1 | "$PG_SOCK") ;;
 	*) return 1 ;;
 	esac
-	[[ -z "$port" || "$port" == "$def" ]]
+	[[ "$port" == "$our" ]]
 }
 
 # split_hostport "h:p" → sets HP_HOST / HP_PORT (handles [v6]:port)
@@ -127,7 +190,7 @@ postgres_external() {
 		[[ "$dsn" =~ (^|[[:space:]])port=([^[:space:]]*) ]] && port=${BASH_REMATCH[2]}
 		host=${host//\'/} port=${port//\'/}
 	fi
-	! is_local_hostport "$host" "$port" "$PG_PORT"
+	! is_ours "$host" "$port" "$PG_PORT"
 }
 
 redis_external() {
@@ -137,7 +200,7 @@ redis_external() {
 	addr=${addr##*@}
 	addr=${addr%%/*}
 	split_hostport "$addr"
-	! is_local_hostport "$HP_HOST" "$HP_PORT" "$REDIS_PORT"
+	! is_ours "$HP_HOST" "$HP_PORT" "$REDIS_PORT"
 }
 
 etcd_external() {
@@ -150,91 +213,143 @@ etcd_external() {
 		ep=${ep#http://}
 		ep=${ep%/}
 		split_hostport "$ep"
-		is_local_hostport "$HP_HOST" "$HP_PORT" "$ETCD_CLIENT_PORT" || return 0
+		is_ours "$HP_HOST" "$HP_PORT" "$ETCD_CLIENT_PORT" || return 0
 	done
 	return 1
 }
 
 # ------------------------------------------------------------------ postgres
 
-pg_ready() {
-	if command -v pg_isready >/dev/null 2>&1; then
-		pg_isready -q -h "$PG_HOST" -p "$PG_PORT" -t 2 >/dev/null 2>&1
+# pg_as CMD... — run a server binary as the cluster's owner: the postgres
+# user when we are root (initdb and pg_ctl refuse root), else ourselves.
+pg_as() {
+	if [[ $EUID -eq 0 ]]; then
+		(cd / && runuser -u postgres -- "$@")
 	else
-		tcp_open "$PG_PORT"
+		"$@"
 	fi
 }
 
-# pg_psql DB SQL — run SQL over TCP as postgres without any password source.
+# find_pg_bin — sets PG_BIN to the server binaries of the cluster's
+# version, or of the newest installed one for a new cluster.
+find_pg_bin() {
+	local ver=""
+	if [[ -f "$PG_DATA/PG_VERSION" ]]; then
+		ver=$(<"$PG_DATA/PG_VERSION")
+		[[ -x /usr/lib/postgresql/$ver/bin/pg_ctl ]] ||
+			die "postgres: $PG_DATA was made by PostgreSQL $ver, which is not installed; run 'scripts/services.sh down', remove $PG_DIR and run 'up' again for a new cluster"
+	else
+		ver=$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n 1)
+		if [[ -z "$ver" || ! -x /usr/lib/postgresql/$ver/bin/initdb ]]; then
+			apt_install postgresql
+			ver=$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n 1)
+		fi
+	fi
+	PG_BIN=/usr/lib/postgresql/$ver/bin
+	[[ -x $PG_BIN/initdb && -x $PG_BIN/pg_ctl && -x $PG_BIN/psql ]] ||
+		die "postgres: no initdb, pg_ctl and psql in $PG_BIN"
+}
+
+# pg_pid — the pid of our running postmaster, or failure.
+pg_pid() {
+	local pid
+	pid=$(pid_from "$PG_DATA/postmaster.pid")
+	our_pid "$pid" postgres "$PG_DATA" && printf '%s\n' "$pid"
+}
+
+# pg_pidfile_line N — line N of our postmaster.pid: 4 is the running
+# server's port, 5 its socket directory (ours even if the settings have
+# changed since it started).
+pg_pidfile_line() { sed -n "${1}p" "$PG_DATA/postmaster.pid" 2>/dev/null || true; }
+
+# pg_psql DB SQL — run SQL as postgres over the running server's socket.
 pg_psql() {
-	env -u PGPASSWORD -u PGSERVICE PGPASSFILE=/dev/null PGCONNECT_TIMEOUT=5 \
-		psql -X -w -h "$PG_HOST" -p "$PG_PORT" -U postgres -d "$1" -v ON_ERROR_STOP=1 -tAc "$2" </dev/null
+	local port sock
+	port=$(pg_pidfile_line 4) sock=$(pg_pidfile_line 5)
+	env -u PGPASSWORD -u PGSERVICE -u PGOPTIONS PGCONNECT_TIMEOUT=5 \
+		"$PG_BIN/psql" -X -w -h "${sock:-$PG_SOCK}" -p "${port:-$PG_PORT}" \
+		-U postgres -d "$1" -v ON_ERROR_STOP=1 -tAc "$2" </dev/null
 }
 
-pg_cluster_version() {
-	[[ -d /etc/postgresql ]] || return 1
-	local v
-	v=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
-	[[ -n "$v" && -d "/etc/postgresql/$v/main" ]] || return 1
-	printf '%s\n' "$v"
-}
-
+# pg_wait_ready — until our server accepts connections on its socket;
+# fails early if it died.
 pg_wait_ready() {
-	local i
+	local i port sock
 	for ((i = 0; i < 150; i++)); do
-		pg_ready && return 0
+		pg_pid >/dev/null || return 1
+		port=$(pg_pidfile_line 4) sock=$(pg_pidfile_line 5)
+		if [[ -n "$port" && -n "$sock" ]] &&
+			"$PG_BIN/pg_isready" -q -U postgres -h "$sock" -p "$port" -t 2 >/dev/null 2>&1; then
+			return 0
+		fi
 		sleep 0.2
 	done
 	return 1
 }
 
-pg_start_cluster() {
-	local ver=$1 out rc=0
-	out=$(mktemp)
-	pg_ctlcluster --skip-systemctl-redirect "$ver" main start </dev/null >"$out" 2>&1 9>&- || rc=$?
-	if ((rc != 0)) && ! pg_wait_ready; then
-		cat "$out" >&2
-		rm -f "$out"
-		die "postgres: pg_ctlcluster $ver main start failed (exit $rc)"
+# pg_write_conf — our settings, in a file postgresql.conf includes.
+pg_write_conf() {
+	local conf=$PG_DATA/ubgo-lock.conf tmp s
+	tmp=$(mktemp)
+	{
+		echo "# Written by scripts/services.sh at every 'up'; edits are overwritten."
+		for s in "${PG_SETTINGS[@]}" "unix_socket_directories=$PG_SOCK"; do
+			printf "%s = '%s'\n" "${s%%=*}" "${s#*=}"
+		done
+	} >"$tmp"
+	if ! cmp -s "$tmp" "$conf"; then
+		pg_as tee "$conf" <"$tmp" >/dev/null
 	fi
-	rm -f "$out"
-	pg_wait_ready || die "postgres: cluster $ver/main started but 127.0.0.1:$PG_PORT is not accepting connections (check 'port' in /etc/postgresql/$ver/main/postgresql.conf)"
+	rm -f "$tmp"
+	grep -q "^include_if_exists 'ubgo-lock.conf'" "$PG_DATA/postgresql.conf" ||
+		echo "include_if_exists 'ubgo-lock.conf'" | pg_as tee -a "$PG_DATA/postgresql.conf" >/dev/null
 }
 
-# Make 127.0.0.1 / ::1 trust auth work: prepend trust rules to pg_hba.conf
-# (first match wins) and reload.
-pg_fix_trust() {
-	local hba ver
-	hba=$(runuser -u postgres -- psql -X -tAc 'SHOW hba_file' </dev/null 2>/dev/null) || hba=""
-	if [[ -z "$hba" ]] && ver=$(pg_cluster_version); then
-		hba=/etc/postgresql/$ver/main/pg_hba.conf
+# pg_settings_current — does the running server use the settings we want?
+pg_settings_current() {
+	local want="" have s names=""
+	for s in "${PG_SETTINGS[@]}" "unix_socket_directories=$PG_SOCK"; do
+		want+="${s%%=*}=${s#*=};"
+		names+="'${s%%=*}',"
+	done
+	have=$(pg_psql postgres "SELECT string_agg(name || '=' || setting, ';' ORDER BY array_position(ARRAY[${names%,}], name::text)) || ';' FROM pg_settings WHERE name IN (${names%,})") ||
+		return 1
+	[[ "$have" == "$want" ]]
+}
+
+pg_init() {
+	log "postgres: creating a cluster in $PG_DATA"
+	mkdir -p "$PG_DIR"
+	if [[ $EUID -eq 0 ]]; then
+		id postgres >/dev/null 2>&1 || die "postgres: no postgres user (it comes with the postgresql package)"
+		chown postgres: "$PG_DIR"
+		runuser -u postgres -- test -w "$PG_DIR" ||
+			die "postgres: the postgres user cannot reach $PG_DIR; set LOCK_SERVICES_DIR to a directory it can"
 	fi
-	[[ -n "$hba" && -f "$hba" ]] || die "postgres: trust auth for postgres@127.0.0.1 does not work and pg_hba.conf was not found"
-	if ! grep -q 'ubgo/lock services.sh' "$hba"; then
-		log "postgres: enabling trust auth for 127.0.0.1 and ::1 in $hba"
-		sed -i '1i # added by ubgo/lock scripts/services.sh: trust loopback TCP for tests\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+	chmod 700 "$PG_DIR"
+	# A half-made cluster (initdb interrupted) is ours to remove.
+	[[ -d "$PG_DATA" ]] && rm -rf -- "$PG_DATA"
+	pg_as "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
+		</dev/null >>"$PG_LOG.initdb" 2>&1 9>&- || {
+		tail -n 20 "$PG_LOG.initdb" >&2
+		die "postgres: initdb failed (log: $PG_LOG.initdb)"
+	}
+}
+
+pg_start() {
+	local rc=0
+	pg_as "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
+		</dev/null >/dev/null 2>&1 9>&- || rc=$?
+	if ((rc != 0)) || ! pg_wait_ready; then
+		tail -n 20 "$PG_LOG" >&2 || true
+		die "postgres: not accepting connections on 127.0.0.1:$PG_PORT (pg_ctl exit $rc, log: $PG_LOG)"
 	fi
-	if ! runuser -u postgres -- psql -X -tAc 'SELECT pg_reload_conf()' </dev/null >/dev/null 2>&1; then
-		ver=$(pg_cluster_version) || die "postgres: cannot reload configuration"
-		pg_ctlcluster --skip-systemctl-redirect "$ver" main reload </dev/null >/dev/null 2>&1 9>&- ||
-			die "postgres: reload of cluster $ver/main failed"
-	fi
-	sleep 0.3
-	pg_psql postgres 'SELECT 1' >/dev/null 2>&1 ||
-		die "postgres: trust auth for postgres@127.0.0.1:$PG_PORT still fails after editing $hba"
 }
 
 pg_ensure_db() {
-	if ! command -v psql >/dev/null 2>&1; then
-		log "postgres: psql not installed, cannot verify database '$PG_DB'"
-		return 0
-	fi
-	if ! pg_psql postgres 'SELECT 1' >/dev/null 2>&1; then
-		pg_fix_trust
-	fi
 	local have
-	have=$(pg_psql postgres "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" 2>/dev/null) ||
-		die "postgres: cannot query pg_database as postgres@127.0.0.1:$PG_PORT"
+	have=$(pg_psql postgres "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'") ||
+		die "postgres: cannot query pg_database on our cluster (log: $PG_LOG)"
 	if [[ "$have" != 1 ]]; then
 		pg_psql postgres "CREATE DATABASE \"$PG_DB\"" >/dev/null ||
 			die "postgres: creating database '$PG_DB' failed"
@@ -242,62 +357,49 @@ pg_ensure_db() {
 	fi
 }
 
-# pglock's scale test holds 10,000 advisory locks at once, and other tests
-# hold more beside it; the default shared lock table (64 per connection ×
-# 100 connections) has room for 6,400. Raise it once (a restart; it persists
-# in postgresql.auto.conf, so later runs find it done).
-PG_MIN_LOCKS=256
-pg_tune() {
-	command -v psql >/dev/null 2>&1 || return 0
-	local have ver
-	have=$(pg_psql postgres 'SHOW max_locks_per_transaction' 2>/dev/null) || return 0
-	((have >= PG_MIN_LOCKS)) && return 0
-	log "postgres: raising max_locks_per_transaction from $have to $PG_MIN_LOCKS (restarts the server)"
-	pg_psql postgres "ALTER SYSTEM SET max_locks_per_transaction = $PG_MIN_LOCKS" >/dev/null ||
-		die "postgres: ALTER SYSTEM SET max_locks_per_transaction failed"
-	ver=$(pg_cluster_version) || die "postgres: no cluster found to restart"
-	pg_ctlcluster --skip-systemctl-redirect "$ver" main restart </dev/null >/dev/null 2>&1 9>&- ||
-		die "postgres: restart of cluster $ver/main failed"
-	pg_wait_ready || die "postgres: not accepting connections after the restart"
-}
-
 up_postgres() {
 	if postgres_external; then
-		log "postgres: LOCK_TEST_POSTGRES_DSN points elsewhere, not managing"
+		log "postgres: LOCK_TEST_POSTGRES_DSN names another server, leaving it alone"
 		return 0
 	fi
-	local ver
-	if pg_ready; then
-		pg_ensure_db
-		pg_tune
-		log "postgres: already running"
-		return 0
-	fi
-	if tcp_open "$PG_PORT" && command -v pg_isready >/dev/null 2>&1; then
-		# Something is listening but not ready: maybe starting up.
-		pg_wait_ready || die "postgres: 127.0.0.1:$PG_PORT is in use but not accepting connections"
-		pg_ensure_db
-		pg_tune
-		log "postgres: already running"
-		return 0
-	fi
-	if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! pg_cluster_version >/dev/null; then
-		if ! command -v pg_ctlcluster >/dev/null 2>&1 || [[ -z "$(ls /usr/lib/postgresql 2>/dev/null)" ]]; then
-			apt_install postgresql
-		fi
-		if ! pg_cluster_version >/dev/null; then
-			ver=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
-			[[ -n "$ver" ]] || die "postgres: no PostgreSQL server version found under /usr/lib/postgresql"
-			log "postgres: creating cluster $ver/main"
-			pg_createcluster "$ver" main </dev/null >/dev/null 2>&1 9>&- ||
-				die "postgres: pg_createcluster $ver main failed"
+	local what=started
+	# The socket path must fit in sun_path (107 bytes).
+	((${#PG_SOCK} + 17 <= 107)) || die "postgres: socket path under $PG_SOCK is too long; set LOCK_SERVICES_DIR to a shorter directory"
+	find_pg_bin
+	[[ -f "$PG_DATA/PG_VERSION" ]] || pg_init
+	pg_as mkdir -p "$PG_SOCK"
+	pg_write_conf
+	if pg_pid >/dev/null; then
+		pg_wait_ready || die "postgres: our server (pid $(pg_pid)) does not accept connections (log: $PG_LOG)"
+		if pg_settings_current; then
+			what="already running"
+		else
+			log "postgres: our server's settings are out of date, restarting it"
+			pg_as "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 </dev/null >/dev/null 2>&1 9>&- ||
+				die "postgres: stopping our server failed (log: $PG_LOG)"
+			what=restarted
 		fi
 	fi
-	ver=$(pg_cluster_version) || die "postgres: no cluster found under /etc/postgresql"
-	pg_start_cluster "$ver"
+	if [[ "$what" != "already running" ]]; then
+		tcp_open "$PG_PORT" && die "postgres: 127.0.0.1:$PG_PORT is in use by another program; free it, or point LOCK_TEST_POSTGRES_DSN at a server of your choosing"
+		pg_start
+	fi
+	"$PG_BIN/pg_isready" -q -U postgres -h 127.0.0.1 -p "$PG_PORT" -t 5 >/dev/null 2>&1 ||
+		die "postgres: our server does not answer on 127.0.0.1:$PG_PORT (log: $PG_LOG)"
 	pg_ensure_db
-	pg_tune
-	log "postgres: started (cluster $ver/main)"
+	log "postgres: $what on 127.0.0.1:$PG_PORT (pid $(pg_pid), data $PG_DATA, log $PG_LOG)"
+}
+
+down_postgres() {
+	local pid
+	if ! pid=$(pg_pid); then
+		log "postgres: not running"
+		return 0
+	fi
+	find_pg_bin
+	pg_as "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 </dev/null >/dev/null 2>&1 9>&- ||
+		stop_pid "$pid" postgres
+	log "postgres: stopped (pid $pid)"
 }
 
 # --------------------------------------------------------------------- redis
@@ -312,38 +414,58 @@ redis_ping() {
 	[[ "$reply" == *PONG* ]]
 }
 
-up_redis() {
-	if redis_external; then
-		log "redis: LOCK_TEST_REDIS_ADDR points elsewhere, not managing"
-		return 0
-	fi
-	if redis_ping; then
-		log "redis: already running"
-		return 0
-	fi
-	tcp_open "$REDIS_PORT" && die "redis: 127.0.0.1:$REDIS_PORT is in use but does not answer PING with PONG"
-	command -v redis-server >/dev/null 2>&1 || apt_install redis-server
-	mkdir -p "$REDIS_DIR" "$REDIS_LOG_DIR"
-	local out rc=0 i
-	out=$(mktemp)
-	redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" \
-		--save "" --appendonly no --dir "$REDIS_DIR" --logfile "$REDIS_LOG_DIR/ci.log" \
-		</dev/null >"$out" 2>&1 9>&- || rc=$?
-	if ((rc != 0)); then
-		cat "$out" >&2
-		rm -f "$out"
-		die "redis: redis-server failed to start (exit $rc)"
-	fi
-	rm -f "$out"
-	for ((i = 0; i < 75; i++)); do
-		if redis_ping; then
-			log "redis: started"
-			return 0
-		fi
+redis_pid() {
+	local pid
+	pid=$(pid_from "$REDIS_PID_FILE")
+	our_pid "$pid" redis-server "$REDIS_DIR" && printf '%s\n' "$pid"
+}
+
+# redis_wait SECONDS — until ours answers PING; fails early if it died.
+redis_wait() {
+	local i
+	for ((i = 0; i < $1 * 5; i++)); do
+		redis_ping && redis_pid >/dev/null && return 0
 		sleep 0.2
 	done
-	tail -n 20 "$REDIS_LOG_DIR/ci.log" >&2 2>/dev/null || true
-	die "redis: started but 127.0.0.1:$REDIS_PORT does not answer PING (log: $REDIS_LOG_DIR/ci.log)"
+	return 1
+}
+
+up_redis() {
+	if redis_external; then
+		log "redis: LOCK_TEST_REDIS_ADDR names another server, leaving it alone"
+		return 0
+	fi
+	if redis_pid >/dev/null; then
+		redis_wait 15 || die "redis: our server (pid $(redis_pid)) does not answer PING on 127.0.0.1:$REDIS_PORT (log: $REDIS_LOG)"
+		log "redis: already running on 127.0.0.1:$REDIS_PORT (pid $(redis_pid))"
+		return 0
+	fi
+	tcp_open "$REDIS_PORT" && die "redis: 127.0.0.1:$REDIS_PORT is in use by another program; free it, or point LOCK_TEST_REDIS_ADDR at a server of your choosing"
+	command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+	mkdir -p "$REDIS_DIR"
+	rm -f "$REDIS_PID_FILE"
+	local rc=0
+	# No config file: the machine's /etc/redis/redis.conf is not ours.
+	(cd "$REDIS_DIR" && redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" \
+		--save "" --appendonly no --dir "$REDIS_DIR" \
+		--pidfile "$REDIS_PID_FILE" --logfile "$REDIS_LOG" \
+		</dev/null >>"$REDIS_LOG" 2>&1 9>&-) || rc=$?
+	if ((rc != 0)) || ! redis_wait 15; then
+		tail -n 20 "$REDIS_LOG" >&2 2>/dev/null || true
+		die "redis: did not come up on 127.0.0.1:$REDIS_PORT (exit $rc, log: $REDIS_LOG)"
+	fi
+	log "redis: started on 127.0.0.1:$REDIS_PORT (pid $(redis_pid), log $REDIS_LOG)"
+}
+
+down_redis() {
+	local pid
+	if ! pid=$(redis_pid); then
+		log "redis: not running"
+		return 0
+	fi
+	stop_pid "$pid" redis
+	rm -f "$REDIS_PID_FILE"
+	log "redis: stopped (pid $pid)"
 }
 
 # ---------------------------------------------------------------------- etcd
@@ -375,35 +497,31 @@ etcd_healthy() {
 	fi
 }
 
-is_our_etcd() {
-	[[ "$1" =~ ^[0-9]+$ ]] && kill -0 "$1" 2>/dev/null || return 1
-	[[ "$(cat "/proc/$1/comm" 2>/dev/null)" == etcd ]] || return 1
-	tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "--data-dir $ETCD_DATA_DIR"
-}
-
-# etcd_pid_alive — is the etcd we manage (same data dir) running? Refreshes the
-# pid file if it is stale but the process can be found.
-etcd_pid_alive() {
-	local pid=""
-	[[ -f "$ETCD_PID_FILE" ]] && pid=$(<"$ETCD_PID_FILE")
-	is_our_etcd "$pid" && return 0
+# etcd_pid — the pid of our etcd, from its pid file or, if that is stale,
+# among the etcd processes (refreshing the file).
+etcd_pid() {
+	local pid
+	pid=$(pid_from "$ETCD_PID_FILE")
+	if our_pid "$pid" etcd "$ETCD_DIR"; then
+		printf '%s\n' "$pid"
+		return 0
+	fi
 	for pid in $(pgrep -x etcd 2>/dev/null || true); do
-		if is_our_etcd "$pid"; then
+		if our_pid "$pid" etcd "$ETCD_DIR"; then
 			echo "$pid" >"$ETCD_PID_FILE"
+			printf '%s\n' "$pid"
 			return 0
 		fi
 	done
 	return 1
 }
 
-# etcd_wait_healthy SECONDS — poll every 0.2 s; fails early if our etcd died.
-etcd_wait_healthy() {
-	local n=$(($1 * 5)) i
-	for ((i = 0; i < n; i++)); do
-		etcd_healthy && return 0
-		if ((i % 5 == 4)) && ! etcd_pid_alive; then
-			sleep 0.2
-			etcd_healthy && return 0
+# etcd_wait SECONDS — until ours is healthy; fails early if it died.
+etcd_wait() {
+	local i
+	for ((i = 0; i < $1 * 5; i++)); do
+		etcd_healthy && etcd_pid >/dev/null && return 0
+		if ((i % 5 == 4)) && ! etcd_pid >/dev/null; then
 			return 1
 		fi
 		sleep 0.2
@@ -413,25 +531,21 @@ etcd_wait_healthy() {
 
 up_etcd() {
 	if etcd_external; then
-		log "etcd: LOCK_TEST_ETCD_ENDPOINTS points elsewhere, not managing"
+		log "etcd: LOCK_TEST_ETCD_ENDPOINTS names another server, leaving it alone"
 		return 0
 	fi
-	if etcd_healthy; then
-		log "etcd: already running"
+	if etcd_pid >/dev/null; then
+		# Ours may still be starting (or got slow): give it time instead of racing it.
+		etcd_wait 30 || die "etcd: our server (pid $(etcd_pid)) is not healthy on 127.0.0.1:$ETCD_CLIENT_PORT (log: $ETCD_LOG)"
+		log "etcd: already running on 127.0.0.1:$ETCD_CLIENT_PORT (pid $(etcd_pid))"
 		return 0
 	fi
-	if etcd_pid_alive; then
-		# Our etcd is still starting (or got slow): give it time instead of racing it.
-		log "etcd: process $(<"$ETCD_PID_FILE") exists but is not healthy yet, waiting"
-		etcd_wait_healthy 30 && { log "etcd: already running"; return 0; }
-		die "etcd: process $(<"$ETCD_PID_FILE") is not healthy after 30 s (log: $ETCD_LOG)"
-	fi
-	tcp_open "$ETCD_CLIENT_PORT" && die "etcd: 127.0.0.1:$ETCD_CLIENT_PORT is in use but /health is not OK"
-	tcp_open "$ETCD_PEER_PORT" && die "etcd: peer port 127.0.0.1:$ETCD_PEER_PORT is already in use"
+	tcp_open "$ETCD_CLIENT_PORT" && die "etcd: 127.0.0.1:$ETCD_CLIENT_PORT is in use by another program; free it, or point LOCK_TEST_ETCD_ENDPOINTS at a server of your choosing"
+	tcp_open "$ETCD_PEER_PORT" && die "etcd: peer port 127.0.0.1:$ETCD_PEER_PORT is in use by another program"
 
 	find_etcd_bin
-	mkdir -p "$ETCD_DATA_DIR" "$(dirname "$ETCD_LOG")"
-	chmod 700 "$ETCD_DATA_DIR"
+	mkdir -p "$ETCD_DATA"
+	chmod 700 "$ETCD_DATA"
 
 	# etcd refuses to start if an ETCD_* variable duplicates a flag, so start it
 	# with a clean ETCD_* environment. Non-amd64 arches need ETCD_UNSUPPORTED_ARCH.
@@ -453,38 +567,66 @@ up_etcd() {
 	[[ -n "$arch" ]] && envargs+=("ETCD_UNSUPPORTED_ARCH=$arch")
 
 	printf '\n==== %s services.sh starting %s\n' "$(date -Is)" "$ETCD_BIN" >>"$ETCD_LOG"
-	setsid nohup env "${unset_args[@]}" "${envargs[@]}" "$ETCD_BIN" \
+	# Started in its own directory, which is how etcd_pid recognises it.
+	(cd "$ETCD_DIR" && exec setsid nohup env "${unset_args[@]}" "${envargs[@]}" "$ETCD_BIN" \
 		--name default \
-		--data-dir "$ETCD_DATA_DIR" \
+		--data-dir "$ETCD_DATA" \
 		--listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
 		--advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
 		--listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
 		--initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
 		--initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" \
-		</dev/null >>"$ETCD_LOG" 2>&1 9>&- &
+		</dev/null >>"$ETCD_LOG" 2>&1 9>&-) &
 	echo $! >"$ETCD_PID_FILE"
 
-	if etcd_wait_healthy 30; then
-		log "etcd: started (pid $(<"$ETCD_PID_FILE"), data $ETCD_DATA_DIR, log $ETCD_LOG)"
+	if etcd_wait 30; then
+		log "etcd: started on 127.0.0.1:$ETCD_CLIENT_PORT (pid $(etcd_pid), data $ETCD_DATA, log $ETCD_LOG)"
 		return 0
 	fi
 	tail -n 20 "$ETCD_LOG" >&2 || true
 	die "etcd: not healthy on 127.0.0.1:$ETCD_CLIENT_PORT within 30 s (log: $ETCD_LOG)"
 }
 
+down_etcd() {
+	local pid
+	if ! pid=$(etcd_pid); then
+		log "etcd: not running"
+		return 0
+	fi
+	stop_pid "$pid" etcd
+	rm -f "$ETCD_PID_FILE"
+	log "etcd: stopped (pid $pid)"
+}
+
 # -------------------------------------------------------------------- status
 
 cmd_status() {
-	local down=0
+	local down=0 pid
 	if postgres_external; then
 		echo "postgres: external (LOCK_TEST_POSTGRES_DSN)"
-	elif pg_ready; then echo "postgres: up"; else echo "postgres: down"; down=1; fi
+	elif pid=$(pg_pid) && PG_BIN=$(dirname "$(readlink -f "/proc/$pid/exe")") &&
+		"$PG_BIN/pg_isready" -q -U postgres -h 127.0.0.1 -p "$PG_PORT" -t 2; then
+		echo "postgres: up (127.0.0.1:$PG_PORT, pid $pid, data $PG_DATA)"
+	else
+		echo "postgres: down"
+		down=1
+	fi
 	if redis_external; then
 		echo "redis: external (LOCK_TEST_REDIS_ADDR)"
-	elif redis_ping; then echo "redis: up"; else echo "redis: down"; down=1; fi
+	elif pid=$(redis_pid) && redis_ping; then
+		echo "redis: up (127.0.0.1:$REDIS_PORT, pid $pid, dir $REDIS_DIR)"
+	else
+		echo "redis: down"
+		down=1
+	fi
 	if etcd_external; then
 		echo "etcd: external (LOCK_TEST_ETCD_ENDPOINTS)"
-	elif etcd_healthy; then echo "etcd: up"; else echo "etcd: down"; down=1; fi
+	elif pid=$(etcd_pid) && etcd_healthy; then
+		echo "etcd: up (127.0.0.1:$ETCD_CLIENT_PORT, pid $pid, data $ETCD_DATA)"
+	else
+		echo "etcd: down"
+		down=1
+	fi
 	return "$down"
 }
 
@@ -492,23 +634,27 @@ usage() {
 	sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0" >&2
 }
 
+# services ARGS... — the services named (all three by default), checked.
+services() {
+	SVCS=("$@")
+	((${#SVCS[@]} == 0)) && SVCS=(postgres redis etcd)
+	local s
+	for s in "${SVCS[@]}"; do
+		case "$s" in
+		postgres | redis | etcd) ;;
+		*) die "unknown service '$s' (want postgres, redis or etcd)" ;;
+		esac
+	done
+}
+
 main() {
-	local cmd=${1:-up}
+	local cmd=${1:-up} s
 	(($# > 0)) && shift
 	case "$cmd" in
-	up)
-		[[ $EUID -eq 0 ]] || die "must run as root (installs packages, starts system services)"
-		local -a svcs=("$@")
-		((${#svcs[@]} == 0)) && svcs=(postgres redis etcd)
-		local s
-		for s in "${svcs[@]}"; do
-			case "$s" in
-			postgres | redis | etcd) ;;
-			*) die "unknown service '$s' (want postgres, redis or etcd)" ;;
-			esac
-		done
+	up | down)
+		services "$@"
 		take_lock
-		for s in "${svcs[@]}"; do "up_$s"; done
+		for s in "${SVCS[@]}"; do "${cmd}_$s"; done
 		;;
 	status) cmd_status ;;
 	etcd-bin)

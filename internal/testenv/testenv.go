@@ -10,17 +10,21 @@ import (
 	"testing"
 )
 
-// Endpoints, from the environment with local defaults.
+// The endpoints come from the environment; the defaults are the private
+// servers scripts/services.sh starts, on ports of their own so that the
+// tests never use (or disturb) the machine's own servers.
+
+// PostgresDSN is the connection string of the PostgreSQL database the tests use.
 func PostgresDSN() string {
-	return env("LOCK_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	return env("LOCK_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:55432/test?sslmode=disable")
 }
 
 // RedisAddr is host:port of the Redis server the tests use.
-func RedisAddr() string { return env("LOCK_TEST_REDIS_ADDR", "127.0.0.1:6379") }
+func RedisAddr() string { return env("LOCK_TEST_REDIS_ADDR", "127.0.0.1:56379") }
 
 // EtcdEndpoints are the etcd client endpoints the tests use.
 func EtcdEndpoints() []string {
-	return strings.Split(env("LOCK_TEST_ETCD_ENDPOINTS", "127.0.0.1:2379"), ",")
+	return strings.Split(env("LOCK_TEST_ETCD_ENDPOINTS", "127.0.0.1:52379"), ",")
 }
 
 func env(key, dflt string) string {
