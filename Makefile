@@ -1,5 +1,5 @@
 # The two commands a newcomer runs:
-#   make demo   runs the main job: replicas racing for a cron tick, on memlock
+#   make demo   four claims shown with real processes on flock/filelock, checked
 #   make test   starts the services the tests need and runs every test with -race
 .PHONY: demo test services bench chaos fmt vet tidy
 

@@ -12,7 +12,6 @@ require (
 	github.com/ubgo/lock/etcdlock v0.0.0
 	github.com/ubgo/lock/filelock v0.0.0
 	github.com/ubgo/lock/flock v0.0.0
-	github.com/ubgo/lock/memlock v0.0.0
 	github.com/ubgo/lock/pglock v0.0.0
 	github.com/ubgo/lock/redislock v0.0.0
 	go.etcd.io/etcd/client/v3 v3.7.3
