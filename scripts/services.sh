@@ -13,10 +13,11 @@
 #   scripts/services.sh etcd-bin                  print the etcd binary path
 #                                                 (installs etcd-server if needed)
 #
-# Endpoints (loopback only), which internal/testenv uses by default:
-#   postgres  127.0.0.1:55432  user postgres, trust auth, database "test"
-#   redis     127.0.0.1:56379  no persistence
-#   etcd      127.0.0.1:52379 (client), 127.0.0.1:52380 (peer)
+# Endpoints (loopback only, below the ephemeral port range so an outgoing
+# connection never holds one), which internal/testenv uses by default:
+#   postgres  127.0.0.1:25432  user postgres, trust auth, database "test"
+#   redis     127.0.0.1:26379  no persistence
+#   etcd      127.0.0.1:22379 (client), 127.0.0.1:22380 (peer)
 #
 # Data, logs and pid files live under $LOCK_SERVICES_DIR, by default
 # /var/cache/ubgo-lock as root (the cluster runs as the postgres user, who
@@ -33,11 +34,11 @@
 
 set -euo pipefail
 
-PG_PORT=55432
+PG_PORT=25432
 PG_DB=test
-REDIS_PORT=56379
-ETCD_CLIENT_PORT=52379
-ETCD_PEER_PORT=52380
+REDIS_PORT=26379
+ETCD_CLIENT_PORT=22379
+ETCD_PEER_PORT=22380
 
 # pglock's scale test holds 10,000 advisory locks at once while other
 # packages' tests hold theirs; the shared lock table has room for about

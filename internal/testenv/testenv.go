@@ -16,15 +16,15 @@ import (
 
 // PostgresDSN is the connection string of the PostgreSQL database the tests use.
 func PostgresDSN() string {
-	return env("LOCK_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:55432/test?sslmode=disable")
+	return env("LOCK_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:25432/test?sslmode=disable")
 }
 
 // RedisAddr is host:port of the Redis server the tests use.
-func RedisAddr() string { return env("LOCK_TEST_REDIS_ADDR", "127.0.0.1:56379") }
+func RedisAddr() string { return env("LOCK_TEST_REDIS_ADDR", "127.0.0.1:26379") }
 
 // EtcdEndpoints are the etcd client endpoints the tests use.
 func EtcdEndpoints() []string {
-	return strings.Split(env("LOCK_TEST_ETCD_ENDPOINTS", "127.0.0.1:52379"), ",")
+	return strings.Split(env("LOCK_TEST_ETCD_ENDPOINTS", "127.0.0.1:22379"), ",")
 }
 
 func env(key, dflt string) string {
