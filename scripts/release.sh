@@ -46,12 +46,13 @@ fi
 
 modpath() { go mod edit -print "$1" | awk '$1 == "module" { print $2; exit }'; }
 
-# Every module of the repository: each tracked go.mod outside testdata.
+# Every module of the repository: the directory of each tracked go.mod
+# outside testdata, the root (".") first.
 dirs=()
-while IFS= read -r f; do
-	case "/$f" in */testdata/*) continue ;; esac
-	dirs+=("$(dirname "$f")")
-done < <(git ls-files -- go.mod '*/go.mod')
+while IFS= read -r d; do
+	case "/$d/" in */testdata/*) continue ;; esac
+	dirs+=("$d")
+done < <(git ls-files -- go.mod '*/go.mod' | sed 's|/*go\.mod$||; s|^$|.|' | LC_ALL=C sort)
 [ -f go.mod ] || die "no go.mod at the root of the repository"
 root=$(modpath go.mod)
 
