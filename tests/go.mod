@@ -11,6 +11,7 @@ require (
 	github.com/ubgo/lock/contrib/gocronlock v0.0.0
 	github.com/ubgo/lock/memlock v0.0.0
 	github.com/ubgo/lock/redislock v0.0.0
+	golang.org/x/mod v0.43.0
 )
 
 require (
