@@ -1,3 +1,3 @@
 module github.com/ubgo/lock
 
-go 1.24
+go 1.26.0

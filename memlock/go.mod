@@ -1,6 +1,6 @@
 module github.com/ubgo/lock/memlock
 
-go 1.24
+go 1.26.0
 
 require github.com/ubgo/lock v0.0.0
 

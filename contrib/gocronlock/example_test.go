@@ -8,16 +8,15 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/contrib/gocronlock"
 	"github.com/ubgo/lock/memlock"
-	"github.com/ubgo/lock/redislock"
 )
 
 // Two replicas share one backend (memlock here; redislock, pglock or
-// etcdlock in production). The job runs on one of them.
+// etcdlock in production, as in tests/gocronlock's Example_redis). The job
+// runs on one of them.
 func Example() {
 	locks := memlock.NewFactory()
 	defer locks.Close()
@@ -84,45 +83,3 @@ func ExampleNewElector() {
 	// Output:
 	// leader, epoch 1
 }
-
-// The seed's scenario 12: every replica runs this scheduler; each tick of
-// each job runs on one of them. (Compiled, not run: it needs Redis.)
-func Example_redis() {
-	newScheduler := func(rdb *redis.Client) (gocron.Scheduler, error) {
-		locks := redislock.NewFactory(rdb, redislock.WithTTL(10*time.Minute))
-
-		s, err := gocron.NewScheduler(
-			gocron.WithDistributedLocker(gocronlock.New(locks.AsLocker())),
-		)
-		if err != nil {
-			return nil, err
-		}
-
-		s.NewJob(
-			gocron.DurationJob(time.Minute),
-			gocron.NewTask(syncJob),
-			gocron.WithName("sync-data"), // ALWAYS set — used as lock key
-		)
-		s.NewJob(
-			gocron.CronJob("0 0 * * *", false),
-			gocron.NewTask(processBilling),
-			gocron.WithName("midnight-billing"),
-			gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, job string, err error) {
-				if !errors.Is(err, lock.ErrLocked) { // not just another replica's turn
-					fmt.Println("lock backend failed:", job, err)
-				}
-			})),
-		)
-		return s, nil
-	}
-	_ = newScheduler
-}
-
-func syncJob(ctx context.Context) error {
-	ctx, cancel := gocronlock.JobContext(ctx) // cancelled if the lock is lost
-	defer cancel()
-	_ = ctx
-	return nil
-}
-
-func processBilling() {}

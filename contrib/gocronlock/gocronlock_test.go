@@ -3,6 +3,7 @@ package gocronlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -362,4 +363,26 @@ func TestJobContextWithoutLock(t *testing.T) {
 	}
 	cancel()
 	<-ctx.Done()
+}
+
+// waitFor polls cond until it holds or d has passed.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return cond()
+}
+
+// jobOK returns a function that fails t if NewJob failed.
+func jobOK(t *testing.T) func(gocron.Job, error) {
+	return func(_ gocron.Job, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(fmt.Errorf("NewJob: %w", err))
+		}
+	}
 }

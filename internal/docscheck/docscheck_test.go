@@ -190,7 +190,7 @@ func TestCatches(t *testing.T) {
 	// Line 9's unused err is fine in a fragment; line 42's unused variable
 	// is not, in a whole file.
 	if !containsMsg(got[10], "NoSuchMethod") || !containsMsg(got[42], "declared and not used") || len(got) != 2 {
-		t.Errorf("compile problems: want one at line 10 naming NoSuchMethod and one at 42, got %q", got)
+		t.Errorf("compile problems: want one at line 10 naming NoSuchMethod and one at 42, got %v", got)
 	}
 }
 
