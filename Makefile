@@ -1,7 +1,7 @@
 # The two commands a newcomer runs:
 #   make demo   four claims shown with real processes on flock/filelock, checked
 #   make test   starts the services the tests need and runs every test with -race
-.PHONY: demo test services bench chaos fmt vet tidy
+.PHONY: demo test services bench chaos fmt vet lint tidy
 
 demo:
 	cd examples && go run ./demo
@@ -29,6 +29,11 @@ fmt:
 
 vet:
 	for d in $$(go list -m -f '{{.Dir}}'); do (cd $$d && go vet ./...) || exit 1; done
+
+# staticcheck (the pinned version, installed if missing) in every module,
+# for this system, windows and darwin; make test runs it too.
+lint:
+	scripts/lint.sh
 
 tidy:
 	for d in $$(go list -m -f '{{.Dir}}'); do (cd $$d && GOWORK=off go mod tidy) || exit 1; done

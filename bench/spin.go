@@ -35,6 +35,7 @@ func SpinIfChild() {
 	// SCHED_IDLE is refused.
 	_ = syscall.Setpriority(syscall.PRIO_PROCESS, 0, 19)
 	_ = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+	//lint:ignore SA5002 spinning is this process's job
 	for {
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -87,7 +86,6 @@ func (s *etcdServer) start() {
 		}
 	}
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -108,9 +106,16 @@ func (s *etcdServer) start() {
 
 func (s *etcdServer) endpoints() []string { return []string{strings.TrimPrefix(s.client, "http://")} }
 
-func (s *etcdServer) signal(sig syscall.Signal) {
+// pause stops the server (SIGSTOP): it keeps its connections open but
+// answers nothing until resume.
+func (s *etcdServer) pause() {
 	s.t.Helper()
-	if err := s.cmd.Process.Signal(sig); err != nil {
+	testenv.Pause(s.t, s.cmd.Process)
+}
+
+func (s *etcdServer) resume() {
+	s.t.Helper()
+	if err := testenv.Resume(s.cmd.Process); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -119,7 +124,7 @@ func (s *etcdServer) kill() {
 	if s.cmd == nil {
 		return
 	}
-	s.cmd.Process.Signal(syscall.SIGCONT)
+	testenv.Resume(s.cmd.Process)
 	s.cmd.Process.Kill()
 	s.cmd.Wait()
 	s.cmd = nil
@@ -151,14 +156,14 @@ func TestFaultServerPaused(t *testing.T) {
 		t.Fatalf("lease granted %+v, %v; want a 1s lease", ttl, err)
 	}
 	stopped := time.Now()
-	srv.signal(syscall.SIGSTOP)
+	srv.pause()
 	waitClosed(t, h.Done(), 10*time.Second, "loss while the server is stopped")
 	t.Logf("loss seen %v after the server stopped (TTL 1s)", time.Since(stopped).Round(time.Millisecond))
 	if !errors.Is(h.Err(), etcdlock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrLockLost) {
 		t.Fatalf("Err = %v; want ErrLockLost", h.Err())
 	}
 	time.Sleep(2*time.Second - time.Since(stopped)) // stopped for twice the TTL
-	srv.signal(syscall.SIGCONT)
+	srv.resume()
 
 	g := factory(t, srv.dial(t), etcdlock.WithTTL(time.Second))
 	h2, err := g.Acquire(ctx, "paused", etcdlock.WithWait())
@@ -347,9 +352,7 @@ func TestFaultHolderPaused(t *testing.T) {
 	child, lines, token := startHolder(t, prefix)
 	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
 	ctx := ctxT(t, time.Minute)
-	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Pause(t, child.Process)
 	h, err := f.Acquire(ctx, "child", etcdlock.WithWait())
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +360,7 @@ func TestFaultHolderPaused(t *testing.T) {
 	if h.Token() <= token {
 		t.Fatalf("token %d after the child's %d", h.Token(), token)
 	}
-	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := testenv.Resume(child.Process); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan string, 1)
@@ -603,16 +606,16 @@ func TestFaultAcquireAbandonedMidWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.signal(syscall.SIGSTOP)
+	srv.pause()
 	actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	_, err = f.Acquire(actx, "abandoned")
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
-		srv.signal(syscall.SIGCONT)
+		srv.resume()
 		t.Fatalf("Acquire with the server stopped = %v; want DeadlineExceeded", err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	srv.signal(syscall.SIGCONT)
+	srv.resume()
 	g := factory(t, srv.dial(t), etcdlock.WithTTL(30*time.Second))
 	h, err := g.Acquire(ctx, "abandoned", etcdlock.WithWait())
 	if err != nil {

@@ -88,19 +88,6 @@ func wake(key string) {
 	waits.Unlock()
 }
 
-// wakeDir wakes every waiter on dir, for when events were lost.
-func wakeDir(dir string) {
-	prefix := dir + "\x00"
-	waits.Lock()
-	for k, q := range waits.m {
-		if strings.HasPrefix(k, prefix) {
-			close(q.ch)
-			q.ch = make(chan struct{})
-		}
-	}
-	waits.Unlock()
-}
-
 // lockFileEsc returns the escaped name a lock or slot file in the
 // directory belongs to: "<esc>.lock" or "<esc>.<i>.lock".
 func lockFileEsc(file string) (string, bool) {

@@ -5,6 +5,7 @@ package flock
 import (
 	"bytes"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -104,4 +105,18 @@ func (w *dirWatch) run(dir string) {
 			b = b[end:]
 		}
 	}
+}
+
+// wakeDir wakes every waiter on dir, for when inotify lost events (its queue
+// overflowed).
+func wakeDir(dir string) {
+	prefix := waitKey(dir, "")
+	waits.Lock()
+	for k, q := range waits.m {
+		if strings.HasPrefix(k, prefix) {
+			close(q.ch)
+			q.ch = make(chan struct{})
+		}
+	}
+	waits.Unlock()
 }

@@ -264,7 +264,7 @@ func (s *suite) hammer(t *testing.T, name string, limit int, opts ...lock.Option
 				time.Sleep(50 * time.Microsecond)
 				c.leave()
 				if err := h.Release(); err != nil {
-					errc <- fmt.Errorf("Release: %w", err)
+					errc <- fmt.Errorf("release: %w", err)
 					return
 				}
 				r++

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -145,7 +144,7 @@ func startChild(t *testing.T, role, test, name string) *child {
 		close(c.lines)
 	}()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGCONT)
+		testenv.Resume(cmd.Process)
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
@@ -191,9 +190,7 @@ func TestSIGSTOPHolder(t *testing.T) {
 	name := uniq(t, "x")
 	c := startChild(t, "stop-holder", "TestSIGSTOPHolder", name)
 	tok := c.token()
-	if err := c.p.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Pause(t, c.p)
 	h, err := f.Acquire(ctx, name, WithWait())
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +199,9 @@ func TestSIGSTOPHolder(t *testing.T) {
 	if h.Token() <= tok {
 		t.Fatalf("successor token %d not above the stopped holder's %d", h.Token(), tok)
 	}
-	c.p.Signal(syscall.SIGCONT)
+	if err := testenv.Resume(c.p); err != nil {
+		t.Fatal(err)
+	}
 	if got := c.line(); got != "lost true release-lost true" {
 		t.Fatalf("resumed holder: %q; want it to see the loss", got)
 	}

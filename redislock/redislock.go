@@ -456,13 +456,6 @@ func extendCall(k keys, id string, limit int, ttl time.Duration) (*redis.Script,
 	return semExtend, k.list(), []any{semID(id), ttl.Milliseconds()}
 }
 
-// isReply reports whether err is an error reply from Redis, after which the
-// script is known not to have taken effect.
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re)
-}
-
 func toInt(v any) (int64, error) {
 	switch x := v.(type) {
 	case int64:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of every module with -race, after bringing up the services
-# the integration tests use. Under CI=true (or LOCK_REQUIRE_SERVICES=1) a
-# service that cannot be reached fails the run instead of being skipped.
+# the integration tests use and checking gofmt, go vet and staticcheck
+# (scripts/lint.sh). Under CI=true (or LOCK_REQUIRE_SERVICES=1) a service
+# that cannot be reached fails the run instead of being skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,4 +24,5 @@ fi
 # One go command for every package of every module in go.work: it builds
 # and runs packages in parallel, which a loop over modules would not.
 go vet github.com/ubgo/lock/...
+scripts/lint.sh
 go test -race -count=1 -timeout 9m github.com/ubgo/lock/...

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -148,7 +147,7 @@ func TestRedisLeaderKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			c.cmd.Process.Signal(syscall.SIGCONT)
+			testenv.Resume(c.cmd.Process)
 			c.cmd.Process.Kill()
 			c.cmd.Wait()
 		})
@@ -230,7 +229,7 @@ func TestRedisLeaderKilled(t *testing.T) {
 
 	// The leader dies: its lease runs out and another candidate is elected.
 	killed := time.Now()
-	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := first.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	second, e2 := elected(bound)
@@ -243,9 +242,7 @@ func TestRedisLeaderKilled(t *testing.T) {
 
 	// The new leader is paused past its lease: the third one takes over
 	// and writes, and the paused one's write, once it runs again, is refused.
-	if err := second.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Pause(t, second.cmd.Process)
 	stopped := time.Now()
 	third, e3 := elected(bound)
 	t.Logf("leaderless for %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
@@ -254,7 +251,7 @@ func TestRedisLeaderKilled(t *testing.T) {
 	}
 	leads(third)
 	write(third, e3, "ok")
-	if err := second.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := testenv.Resume(second.cmd.Process); err != nil {
 		t.Fatal(err)
 	}
 	write(second, e2, "stale")

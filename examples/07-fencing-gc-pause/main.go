@@ -230,7 +230,7 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (res result, err e
 	select {
 	case <-paused:
 	case err := <-aDone:
-		return res, fmt.Errorf("A did not get to its pause: %v", err)
+		return res, fmt.Errorf("replica A did not get to its pause: %v", err)
 	}
 
 	// B waits for the lock, which frees when A's lease runs out.
@@ -241,7 +241,7 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (res result, err e
 	if res.BErr != nil {
 		close(resume)
 		<-aDone
-		return res, fmt.Errorf("B: %w", res.BErr)
+		return res, fmt.Errorf("replica B: %w", res.BErr)
 	}
 	close(resume)
 	res.AErr = <-aDone

@@ -97,8 +97,7 @@ func runSkew(t *testing.T, newLocker func(...lock.Option) lock.Locker, opts []go
 		// processes would have.
 		lockers[i] = gocronlock.New(newLocker(), opts...)
 	}
-	var c *cluster
-	c = startCluster(t, start, skewOffsets, replicaSetup{
+	c := startCluster(t, start, skewOffsets, replicaSetup{
 		opts: func(i int) []gocron.SchedulerOption {
 			return []gocron.SchedulerOption{gocron.WithDistributedLocker(lockers[i])}
 		},
