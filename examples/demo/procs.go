@@ -87,7 +87,7 @@ func (g *group) next(ctx context.Context) (line, error) {
 func (g *group) expect(ctx context.Context, p *proc, prefix string) (string, error) {
 	l, err := g.next(ctx)
 	if err == nil && (l.p != p || !strings.HasPrefix(l.text, prefix)) {
-		err = fmt.Errorf("pid %d said %q, want pid %d to say %q...", l.p.pid, l.text, p.pid, prefix)
+		err = fmt.Errorf("pid %d said %q, want pid %d to say a line starting with %q", l.p.pid, l.text, p.pid, prefix)
 	}
 	return l.text, err
 }
