@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -29,6 +30,7 @@ type Holder struct {
 	detachOnce  sync.Once
 	releaseOnce sync.Once
 	releaseErr  error
+	releasing   atomic.Bool // Release's delete is on its way: its reply decides
 }
 
 // Token is the fencing token: the etcd revision at which this holder's key
@@ -74,6 +76,7 @@ func (h *Holder) release() error {
 	}
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
+	h.releasing.Store(true)
 	h.w.untrack(h.claim) // our own deletion is not a loss
 	resp, err := h.f.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", int64(h.token))).
@@ -127,6 +130,12 @@ func (h *Holder) extend(ctx context.Context) error {
 		return fmt.Errorf("etcdlock: extend %q: %w", h.name, err)
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(h.token) {
+		if h.releasing.Load() {
+			// The release's delete may be what this read saw. Whatever
+			// its reply, the holder ends with it, lost only if the key
+			// was no longer this holder's.
+			return ErrLockLost
+		}
 		h.lose()
 	}
 	if h.state.Ended() {

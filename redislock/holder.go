@@ -41,6 +41,10 @@ type Holder struct {
 	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
 	renewAt  time.Time // a renewal pass from this time on takes this holder along
 	renewBy  time.Time // the loop wakes up to renew it at this time
+	// releasing: Release's script is on its way and its reply decides. A
+	// renewal or Extend that finds the lock gone meanwhile may have run
+	// after the release on the server, so it sets gone instead of losing h.
+	releasing, gone bool
 }
 
 // newHolder returns the holder of a confirmed acquire. kl is k.list().
@@ -122,6 +126,14 @@ func (h *Holder) Release() error {
 	if err != nil {
 		err = fmt.Errorf("redislock: release %q: %w", h.name, err)
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+		if h.f.rn.releaseFailed(h) {
+			// A renewal or Extend found the lock gone while this release
+			// was on its way, and the release cannot say whether it was
+			// the one that removed it. The finding stands, as it would
+			// have without the release: lost now, not at the deadline.
+			h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))
+			return h.state.Err()
+		}
 		return err
 	}
 	h.f.rn.remove(h)
@@ -164,7 +176,9 @@ func (h *Holder) extend(ctx context.Context) error {
 		return fmt.Errorf("redislock: extend %q: %w", h.name, err)
 	}
 	if v != 1 {
-		h.f.rn.remove(h)
+		if !h.f.rn.foundGone(h) {
+			return fmt.Errorf("%w: released", ErrLockLost)
+		}
 		h.lose(fmt.Errorf("%w: no longer held at extend", ErrLockLost))
 		return h.state.Err()
 	}

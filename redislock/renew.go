@@ -61,19 +61,53 @@ func (r *renewer) poke() {
 // remove stops tracking h: it was released or found lost.
 func (r *renewer) remove(h *Holder) {
 	r.mu.Lock()
-	if h.tracked {
-		delete(r.holders, h)
-		h.tracked = false
-	}
+	r.dropLocked(h)
 	r.mu.Unlock()
 }
 
 // stopRenewing keeps h's deadline but renews it no more: it is being
-// released.
+// released, and the release's reply decides whether it was lost.
 func (r *renewer) stopRenewing(h *Holder) {
 	r.mu.Lock()
 	h.auto = false
+	h.releasing, h.gone = true, false
 	r.mu.Unlock()
+}
+
+// releaseFailed ends h's release without a reply. It reports whether a
+// renewal or Extend found the lock gone meanwhile; h is then no longer
+// tracked. Otherwise h stays as it was, renewed no more: its deadline
+// decides.
+func (r *renewer) releaseFailed(h *Holder) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h.releasing = false
+	if !h.gone {
+		return false
+	}
+	r.dropLocked(h)
+	return true
+}
+
+// foundGone records that an Extend found h's lock gone. It reports whether h
+// is lost by it: not while a release is on its way (see Holder.releasing).
+func (r *renewer) foundGone(h *Holder) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h.releasing {
+		h.gone = true
+		return false
+	}
+	r.dropLocked(h)
+	return true
+}
+
+// dropLocked stops tracking h. r.mu is held.
+func (r *renewer) dropLocked(h *Holder) {
+	if h.tracked {
+		delete(r.holders, h)
+		h.tracked = false
+	}
 }
 
 // confirm records an extend of h sent at sent that the server accepted. It
@@ -284,6 +318,8 @@ func (r *renewer) renew(hs []*Holder) {
 		case v == 1:
 			// Extended on the server after the holder gave the lock up.
 			stray = append(stray, h)
+		case h.releasing:
+			h.gone = true // Release decides (see Holder.releasing)
 		case h.tracked:
 			delete(r.holders, h)
 			h.tracked = false
