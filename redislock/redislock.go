@@ -427,6 +427,11 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 	case 0:
 		ms, _ := toInt(arr[1])
 		a.pttl = time.Duration(ms) * time.Millisecond
+		if ms < 0 {
+			// A key without expiry (an operator's SET): when it ends is
+			// unknown, so poll at the longest interval.
+			a.pttl = maxPoll
+		}
 	case -1:
 		lim, _ := toInt(arr[1])
 		a.limit = int(lim)
