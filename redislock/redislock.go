@@ -400,13 +400,7 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		// The script may have run, or run in part, and its reply been
-		// lost: make sure no lock of ours stays behind. Its id is unique,
-		// so this cannot touch anyone else's.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
-		s, keys, args := releaseCall(k, id, ls.limit)
-		s.Run(cctx, f.c, keys, args...)
-		cancel()
+		f.abandon(ctx, k, id, ls)
 		return a, fmt.Errorf("redislock: acquire: %w", err)
 	}
 	arr, ok := res.([]any)
@@ -439,6 +433,30 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
 	}
 	return a, nil
+}
+
+// abandon cleans up after an attempt that failed without a reply: the
+// script may have run, or run in part, and its reply been lost, so it
+// releases the lock by the attempt's id (unique, so this cannot touch
+// anyone else's). It runs in the background, bounded by its own timeout:
+// the caller's ctx may be over, and a server that does not answer would
+// otherwise keep the caller waiting for that long. Close waits for it.
+func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
+	f.mu.Lock()
+	tracked := !f.closed // Close may be waiting on wg already
+	if tracked {
+		f.wg.Add(1)
+	}
+	f.mu.Unlock()
+	go func() {
+		if tracked {
+			defer f.wg.Done()
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
+		defer cancel()
+		s, keys, args := releaseCall(k, id, ls.limit)
+		s.Run(cctx, f.c, keys, args...)
+	}()
 }
 
 // retentionArg is tokenRetention as a script argument, boxed once.
@@ -585,7 +603,8 @@ func holderInfo(tok, since, m string, msLeft int64, now time.Time) lock.HolderIn
 // Close releases every lock the factory holds (they report ErrLockLost
 // and lock.ErrClosed), fails waiting and later Acquire calls with
 // lock.ErrClosed, and stops the factory's goroutines and pub/sub
-// connection. It does not close the Redis client.
+// connection; it waits for the cleanup of failed acquire attempts, each
+// bounded by min(TTL, 10s). It does not close the Redis client.
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	if f.closed {

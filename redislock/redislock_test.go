@@ -264,6 +264,7 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	if _, err := f.Acquire(ctx, name); err == nil {
 		t.Fatal("Acquire with a broken counter succeeded")
 	}
+	f.Close() // waits for the cleanup, which runs in the background
 	if n, _ := rdb.Exists(ctx, k.lock).Result(); n != 0 {
 		t.Fatal("a failed acquire left its lock behind")
 	}
