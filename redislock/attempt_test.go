@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // silentServer accepts connections and never answers, like a server that
@@ -142,5 +144,80 @@ collect:
 	<-closed
 	if c := pending(); c != nil {
 		t.Fatal("Close returned while the cleanup still had its connection open")
+	}
+}
+
+// An acquire request delayed on its way to the server past the client's
+// timeout runs only after the client gave the attempt up: after its
+// cleanup (which ran on another connection and found nothing), or after
+// go-redis retried it on another connection and the holder released the
+// lock. Either way its id is held by nobody, and it must not take the name.
+func TestDelayedAcquireTakesNothing(t *testing.T) {
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	for _, s := range []*redis.Script{mutexAcquire, semAcquire} {
+		// So that the held EVALSHA runs the script when it is sent on.
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ttl = 5 * time.Second
+	for _, limit := range []int{1, 2} {
+		for _, after := range []string{"cleanup", "release"} {
+			t.Run(fmt.Sprintf("limit%d/%s", limit, after), func(t *testing.T) {
+				p := startHoldProxy(t, testenv.RedisAddr(), isAcquire)
+				opt := &redis.Options{Addr: p.addr()}
+				if after == "cleanup" {
+					// The attempt fails at the caller's deadline, and go-redis
+					// does not retry it.
+					opt.ContextTimeoutEnabled = true
+				} else {
+					// go-redis retries the attempt after a read timeout, on
+					// another connection, with the same id.
+					opt.ReadTimeout = 300 * time.Millisecond
+				}
+				pc := redis.NewClient(opt)
+				defer pc.Close()
+				f := NewFactory(pc, WithKeyPrefix(testPrefix), WithLogger(nil), WithTTL(ttl), WithMaxConcurrent(limit))
+				name := uniq(t, "x")
+				switch after {
+				case "cleanup":
+					actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					_, err := f.Acquire(actx, name)
+					cancel()
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Fatalf("Acquire = %v; want context.DeadlineExceeded", err)
+					}
+				case "release":
+					h, err := f.Acquire(ctx, name)
+					if err != nil {
+						t.Fatalf("Acquire (retried by go-redis) = %v", err)
+					}
+					if err := h.Release(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				await(t, p.held, time.Second, "acquire held by the proxy")
+				f.Close() // waits for the cleanup
+				close(p.release)
+				await(t, p.sent, 10*time.Second, "delayed acquire answered")
+				// The name is free: a newcomer gets it at once.
+				g := testFactory(t, rdb, WithMaxConcurrent(limit))
+				hs := make([]*Holder, 0, limit)
+				for range limit {
+					h, err := g.Acquire(ctx, name)
+					if err != nil {
+						k := keysFor(testPrefix, name)
+						info, _ := g.Inspect(ctx, name)
+						t.Fatalf("after the delayed acquire ran: %v; held by nobody: %+v (PTTL lock %v, slots %v of a %v TTL)",
+							err, info, rdb.PTTL(ctx, k.lock).Val(), rdb.PTTL(ctx, k.slots).Val(), ttl)
+					}
+					hs = append(hs, h)
+				}
+				for _, h := range hs {
+					h.Release()
+				}
+			})
+		}
 	}
 }

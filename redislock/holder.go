@@ -18,9 +18,10 @@ type Holder struct {
 	name string
 	k    keys
 	id   string // random, unique per acquisition: what Release and Extend compare (see newID)
-	// The mutex release script's keys and arguments, built once.
+	// The mutex release script's keys (lock, tombstone) and arguments,
+	// built once.
 	relKeys []string
-	relArgs [2]any
+	relArgs [3]any
 	ls      lease
 	token   uint64
 	opts    *lock.Options
@@ -47,12 +48,12 @@ type Holder struct {
 	releasing, gone bool
 }
 
-// newHolder returns the holder of a confirmed acquire. kl is k.list().
+// newHolder returns the holder of a confirmed acquire. kl is k.attemptKeys(id).
 func (f *Factory) newHolder(ctx context.Context, name string, k keys, kl []string, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
 	h := &Holder{
 		f: f, name: name, k: k, id: id, ls: ls, token: a.token, opts: o,
 		ctx: context.WithoutCancel(ctx), start: a.sent, state: backend.NewState(), auto: renew,
-		relKeys: kl[:1], relArgs: [2]any{id, k.channel},
+		relKeys: []string{kl[0], kl[4]}, relArgs: [3]any{id, k.channel, ls.ttlArg},
 	}
 	h.confirmLocked(a.sent)
 	return h
@@ -70,7 +71,7 @@ func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
 	if h.ls.limit == 1 {
 		return mutexRelease.Run(ctx, h.f.c, h.relKeys, h.relArgs[:]...)
 	}
-	sc, keys, args := releaseCall(h.k, h.id, h.ls.limit)
+	sc, keys, args := releaseCall(h.k, h.relKeys[1], h.id, h.ls)
 	return sc.Run(ctx, h.f.c, keys, args...)
 }
 

@@ -200,19 +200,20 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	})
 }
 
-// keys are the Redis keys and channel of one name.
+// keys are the Redis keys and channel of one name. tomb is the prefix of
+// its tombstone keys, one per given-up id (see tombOf).
 type keys struct {
-	lock, token, slots, permits, channel string
+	lock, token, slots, permits, channel, tomb string
 }
 
 func keysFor(prefix, name string) keys {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
-	// All five are <prefix>{<escaped name>}:<suffix>; build them in one
+	// All six are <prefix>{<escaped name>}:<suffix>; build them in one
 	// allocation, as every Acquire does this.
 	esc := backend.Escape(name)
-	suffixes := [...]string{"lock", "token", "slots", "permits", "released"}
+	suffixes := [...]string{"lock", "token", "slots", "permits", "released", "tomb:"}
 	n := 0
 	for _, x := range suffixes {
 		n += len(prefix) + len(esc) + 3 + len(x)
@@ -231,18 +232,31 @@ func keysFor(prefix, name string) keys {
 	all := b.String()
 	return keys{
 		lock: all[:ends[0]], token: all[ends[0]:ends[1]], slots: all[ends[1]:ends[2]],
-		permits: all[ends[2]:ends[3]], channel: all[ends[3]:ends[4]],
+		permits: all[ends[2]:ends[3]], channel: all[ends[3]:ends[4]], tomb: all[ends[4]:ends[5]],
 	}
 }
 
 func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
+
+// tombOf is the tombstone key of the acquisition with this id: written when
+// the id is released or its failed attempt cleaned up, it stops the id's
+// acquire script from taking the name if it runs only afterwards (a request
+// delayed on its way past the client's timeout, or a copy of one the client
+// retried).
+func (k keys) tombOf(id string) string { return k.tomb + semID(id) }
+
+// attemptKeys are the acquire scripts' keys: k.list() and the id's
+// tombstone.
+func (k keys) attemptKeys(id string) []string {
+	return []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
+}
 
 // lease holds the resolved settings of one acquisition.
 type lease struct {
 	ttl    time.Duration
 	margin time.Duration // the holder gives up this long before the server's expiry
 	limit  int
-	ttlArg any // ttl in milliseconds as a script argument
+	ttlArg any // ttl in milliseconds as a script argument; also how long a tombstone lives
 }
 
 func leaseOf(o *lock.Options) lease {
@@ -292,8 +306,8 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		return nil, 0, lock.ErrClosed
 	}
 	k := keysFor(o.KeyPrefix, name)
-	kl := k.list()
 	id := newID()
+	kl := k.attemptKeys(id)
 	ls, meta := f.lease, f.metaArg
 	if o != &f.opts {
 		ls = leaseOf(o)
@@ -389,7 +403,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	}
 }
 
-// try runs the acquire script once. kl is k.list().
+// try runs the acquire script once. kl is k.attemptKeys(id).
 func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls lease, meta any) (attempt, error) {
 	a := attempt{sent: time.Now()}
 	var cmd *redis.Cmd
@@ -400,7 +414,7 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		f.abandon(ctx, k, id, ls)
+		f.abandon(ctx, k, kl[4], id, ls)
 		return a, fmt.Errorf("redislock: acquire: %w", err)
 	}
 	arr, ok := res.([]any)
@@ -429,6 +443,8 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 	case -1:
 		lim, _ := toInt(arr[1])
 		a.limit = int(lim)
+	case -2: // the id has a tombstone: not from a live attempt
+		return a, fmt.Errorf("redislock: acquire: attempt already given up")
 	default:
 		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
 	}
@@ -436,12 +452,13 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 }
 
 // abandon cleans up after an attempt that failed without a reply: the
-// script may have run, or run in part, and its reply been lost, so it
-// releases the lock by the attempt's id (unique, so this cannot touch
-// anyone else's). It runs in the background, bounded by its own timeout:
+// script may have run, or run in part, and its reply been lost, or it may
+// still be on its way. So it releases the lock by the attempt's id (unique,
+// so this cannot touch anyone else's), which also writes the id's
+// tombstone, tomb. It runs in the background, bounded by its own timeout:
 // the caller's ctx may be over, and a server that does not answer would
 // otherwise keep the caller waiting for that long. Close waits for it.
-func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
+func (f *Factory) abandon(ctx context.Context, k keys, tomb, id string, ls lease) {
 	f.mu.Lock()
 	tracked := !f.closed // Close may be waiting on wg already
 	if tracked {
@@ -454,7 +471,7 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
 		defer cancel()
-		s, keys, args := releaseCall(k, id, ls.limit)
+		s, keys, args := releaseCall(k, tomb, id, ls)
 		s.Run(cctx, f.c, keys, args...)
 	}()
 }
@@ -463,12 +480,13 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 var retentionArg any = tokenRetention.Milliseconds()
 
 // releaseCall is the script, keys and arguments that release the lock or
-// permit with this id.
-func releaseCall(k keys, id string, limit int) (*redis.Script, []string, []any) {
-	if limit == 1 {
-		return mutexRelease, []string{k.lock}, []any{id, k.channel}
+// permit with this id and write its tombstone, tomb (k.tombOf(id)), for
+// one TTL.
+func releaseCall(k keys, tomb, id string, ls lease) (*redis.Script, []string, []any) {
+	if ls.limit == 1 {
+		return mutexRelease, []string{k.lock, tomb}, []any{id, k.channel, ls.ttlArg}
 	}
-	return semRelease, k.list(), []any{semID(id), k.channel}
+	return semRelease, []string{k.lock, k.token, k.slots, k.permits, tomb}, []any{semID(id), k.channel, ls.ttlArg}
 }
 
 // extendCall is the script, keys and arguments that extend it by ttl.
@@ -633,7 +651,8 @@ func (f *Factory) Close() error {
 // releaseMany runs the release script for every holder in one pipeline.
 func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
-		return releaseCall(hs[i].k, hs[i].id, hs[i].ls.limit)
+		h := hs[i]
+		return releaseCall(h.k, h.relKeys[1], h.id, h.ls)
 	})
 }
 

@@ -9,11 +9,19 @@ import "github.com/redis/go-redis/v9"
 // KEYS, in every script: [1] lock (string, a mutex holder), [2] token
 // (counter), [3] slots (zset of semaphore permit ids scored by expiry in
 // server milliseconds), [4] permits (hash: permit id -> "token:since:meta",
-// and "#limit" -> the semaphore's limit).
+// and "#limit" -> the semaphore's limit); for acquire and release [5] the
+// id's tombstone (see keys.tombOf).
 //
 // A holder is identified by a random id that is unique per acquisition. A
 // mutex holder's value is "id:token:since:meta"; only the id is compared, so
 // a holder whose acquire reply was lost can still be cleaned up by its id.
+//
+// Release (also the cleanup of a failed attempt) writes the id's tombstone,
+// which lives for one TTL, and acquire refuses an id that has one: an
+// acquire request that reaches the server only after its attempt was given
+// up (delayed past the client's timeout, then cleaned up; or retried by the
+// client on another connection, held, and released) would otherwise take
+// the name for an id nobody holds, for a whole TTL.
 //
 // Numbers: Lua numbers are doubles and redis.call turns them into strings
 // with 14 significant digits, so every number written to Redis is formatted
@@ -54,17 +62,18 @@ end
 // value.
 
 // mutexAcquireSrc takes a mutex.
-// KEYS: lock, token, slots, permits. ARGV: "id:", ttl ms, meta, token
-// retention ms.
+// KEYS: lock, token, slots, permits, tombstone. ARGV: "id:", ttl ms, meta,
+// token retention ms.
 // Reply: the token (a string) | {0, ms until the holder's lease ends} |
-// {-1, the semaphore limit in force}.
+// {-1, the semaphore limit in force} | {-2, '0'} the id was given up.
 //
 // Tokens: one more than the last, but never below the server clock in
 // microseconds, so a token counter that was lost (a restart without
 // persistence, eviction, expiry) never restarts low.
 //
-// It is the hot path, so it makes as few calls as it can: TIME, EXISTS,
-// SET NX and the counter's SET GET when the name is free. The lock is set
+// It is the hot path, so it makes as few calls as it can: EXISTS (the
+// tombstone), TIME, EXISTS, SET NX and the counter's SET GET when the name
+// is free. The lock is set
 // with the clock token before the counter is read; in the rare case that
 // the counter is ahead of the clock (two acquires in one microsecond, or
 // the server clock stepped back) the token is raised and the value set
@@ -72,6 +81,7 @@ end
 // key of the wrong type) the script stops with the lock set: the client
 // then removes it by its id, as after any failed acquire.
 const mutexAcquireSrc = `
+if redis.call('EXISTS', KEYS[5]) == 1 then return {-2, '0'} end
 local t = redis.call('TIME')
 local tok = t[1] .. string.sub('00000' .. t[2], -6)
 if redis.call('EXISTS', KEYS[3]) == 1 then -- a semaphore of the same name?
@@ -102,8 +112,11 @@ return tok
 `
 
 // mutexReleaseSrc deletes a mutex if it is still this holder's, and wakes
-// waiters. KEYS: lock. ARGV: "id:", channel. Reply: 1 released, 0 not ours.
+// waiters; it writes the id's tombstone in any case. KEYS: lock,
+// tombstone. ARGV: "id:", channel, tombstone ms. Reply: 1 released, 0 not
+// ours.
 const mutexReleaseSrc = `
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -144,9 +157,10 @@ return out
 `
 
 // semAcquireSrc takes a semaphore permit.
-// KEYS: lock, token, slots, permits. ARGV: id, ttl ms, limit, meta, token
-// retention ms. Reply as mutexAcquireSrc.
+// KEYS: lock, token, slots, permits, tombstone. ARGV: id, ttl ms, limit,
+// meta, token retention ms. Reply as mutexAcquireSrc.
 const semAcquireSrc = prelude + `
+if redis.call('EXISTS', KEYS[5]) == 1 then return {-2, '0'} end
 local id, ttl, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, '1'} end
 local n = sweep()
@@ -174,9 +188,11 @@ return tok
 `
 
 // semReleaseSrc removes this holder's permit, if it is still there, and
-// wakes waiters. KEYS: lock, token, slots, permits. ARGV: id, channel.
+// wakes waiters; it writes the id's tombstone in any case. KEYS: lock,
+// token, slots, permits, tombstone. ARGV: id, channel, tombstone ms.
 // Reply: 1 released, 0 not ours (lost).
 const semReleaseSrc = prelude + `
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
 local s = redis.call('ZSCORE', KEYS[3], ARGV[1])
 local ok = 0
 if s then
