@@ -82,3 +82,109 @@ func testRenewal(t *testing.T, c Client) *Factory {
 	h.Release()
 	return f
 }
+
+// startCluster3 runs a Redis Cluster of three masters, without replicas, on
+// ports base, base+1 and base+2, the slots split evenly. The masters keep
+// serving their slots while another is down.
+func startCluster3(t *testing.T, base int) []*server {
+	t.Helper()
+	dir := t.TempDir()
+	var nodes []*server
+	var admins []*redis.Client
+	for i := range 3 {
+		port := base + i
+		conf := filepath.Join(dir, "nodes-"+strconv.Itoa(port)+".conf")
+		srv := startServerOn(t, port, "--cluster-enabled", "yes", "--cluster-config-file", conf,
+			"--cluster-require-full-coverage", "no", "--cluster-node-timeout", "5000")
+		nodes = append(nodes, srv)
+		admins = append(admins, dial(t, srv.addr()))
+	}
+	ctx := ctxT(t)
+	for i, a := range admins {
+		lo, hi := i*16384/3, (i+1)*16384/3-1
+		if err := a.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
+		}
+		if i > 0 {
+			if err := admins[0].ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(nodes[i].port)).Err(); err != nil {
+				t.Fatalf("CLUSTER MEET: %v", err)
+			}
+		}
+	}
+	waitFor(t, 30*time.Second, "three-master cluster ok", func() bool {
+		for _, a := range admins {
+			info, _ := a.ClusterInfo(ctx).Result()
+			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") ||
+				!strings.Contains(info, "cluster_slots_assigned:16384") {
+				return false
+			}
+		}
+		return true
+	})
+	return nodes
+}
+
+// Renewal on a cluster goes to each master on its own: with one of three
+// masters killed, the locks on the two live ones stay held through several
+// TTLs, while those on the dead one are lost at their deadline.
+func TestClusterDeadMasterLosesOnlyItsLocks(t *testing.T) {
+	nodes := startCluster3(t, 27001)
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr())
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cc.Close()
+	ctx := ctxT(t)
+	const ttl = 3 * time.Second
+	f := NewFactory(cc, WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+	defer f.Close()
+	byNode := map[string][]*Holder{}
+	for i := range 90 {
+		h, err := f.Acquire(ctx, uniq(t, strconv.Itoa(i)), WithAutoRenew(true), WithMaxConcurrent(1+i%2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, err := cc.MasterForKey(ctx, h.k.lock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byNode[node.Options().Addr] = append(byNode[node.Options().Addr], h)
+	}
+	dead := nodes[2]
+	var live []*Holder
+	for _, n := range nodes[:2] {
+		live = append(live, byNode[n.addr()]...)
+	}
+	if len(byNode) != 3 {
+		t.Fatalf("locks on %d masters; want all 3", len(byNode))
+	}
+	lost := make(chan *Holder, len(live))
+	for _, h := range live {
+		go func() {
+			<-h.Done()
+			lost <- h
+		}()
+	}
+	dead.kill()
+	killed := time.Now()
+	for _, h := range byNode[dead.addr()] {
+		select {
+		case <-h.Done():
+		case <-time.After(10 * ttl):
+			t.Fatalf("%s, on the killed master, still held", h.Name())
+		}
+	}
+	t.Logf("the %d locks on the killed master were lost within %v", len(byNode[dead.addr()]), time.Since(killed).Round(time.Millisecond))
+	select {
+	case h := <-lost:
+		t.Fatalf("%s, on a live master, lost %v after the other master was killed: %v (%d locks on the live masters)",
+			h.Name(), time.Since(killed).Round(time.Millisecond), h.Err(), len(live))
+	case <-time.After(3 * ttl):
+	}
+	for _, h := range live {
+		if err := h.Release(); err != nil {
+			t.Fatalf("release of %s: %v", h.Name(), err)
+		}
+	}
+}

@@ -70,6 +70,20 @@ func startServer(t testing.TB, extra ...string) *server {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
+	return startServerOn(t, port, extra...)
+}
+
+// startServerOn is startServer on a given port, which must be free.
+func startServerOn(t testing.TB, port int, extra ...string) *server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		testenv.Unavailable(t, "redis-server binary", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatalf("port %d for a private redis-server: %v", port, err)
+	}
+	l.Close()
 	s := &server{t: t, port: port, extra: extra}
 	s.start()
 	t.Cleanup(s.stop)

@@ -14,7 +14,7 @@ import (
 
 // renewer is the factory's one loop over its held locks. It renews the
 // auto-renewed ones in batches (one pipeline per pass, whatever the number
-// of locks) and declares any holder lost whose deadline passed without a
+// of locks; on a cluster client one per master) and declares any holder lost whose deadline passed without a
 // confirmed acquire or renewal, renewed or not. It runs only while the
 // factory holds something, and for lingerTime after.
 type renewer struct {
@@ -205,9 +205,9 @@ type result struct {
 	err error
 }
 
-// extendAll runs the extend script for every holder in one pipeline, in
-// batches of mutexes if batch is set.
-func (r *renewer) extendAll(ctx context.Context, hs []*Holder, batch bool) map[*Holder]result {
+// extendAll runs the extend script for every holder in one pipeline on c,
+// in batches of mutexes if batch is set.
+func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch bool) map[*Holder]result {
 	// A job is one script call: a batch of mutexes, or one holder.
 	var jobs [][]*Holder
 	var many []bool
@@ -225,7 +225,7 @@ func (r *renewer) extendAll(ctx context.Context, hs []*Holder, batch bool) map[*
 	if len(cur) > 0 {
 		jobs, many = append(jobs, cur), append(many, true)
 	}
-	cmds := pipeScripts(ctx, r.f.c, len(jobs), func(i int) (*redis.Script, []string, []any) {
+	cmds := pipeScripts(ctx, c, len(jobs), func(i int) (*redis.Script, []string, []any) {
 		job := jobs[i]
 		if !many[i] {
 			h := job[0]
@@ -266,7 +266,7 @@ func (r *renewer) extendAll(ctx context.Context, hs []*Holder, batch bool) map[*
 		}
 	}
 	if len(again) > 0 {
-		maps.Copy(results, r.extendAll(ctx, again, false))
+		maps.Copy(results, r.extendAll(ctx, c, again, false))
 	}
 	return results
 }
@@ -283,13 +283,69 @@ func earlier(a, b time.Time) time.Time {
 // beside the work, small enough not to hold the server up for long.
 const renewBatch = 200
 
-// renew extends every holder in hs in one pipeline.
+// renew extends every holder in hs in one pipeline; on a cluster client in
+// one pipeline per master, each applied as it returns, so that a master
+// that does not answer holds up only the locks it owns. (A pipeline of the
+// cluster client returns only once every node answered or go-redis gave
+// up on it, seconds after a master died: long enough to lose the locks on
+// every other master.)
 func (r *renewer) renew(hs []*Holder) {
 	defer r.f.wg.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), backend.ReleaseTimeout)
+	cc, ok := r.f.c.(*redis.ClusterClient)
+	if !ok {
+		r.renewOn(nil, r.f.c, hs, r.f.together.Load())
+		return
+	}
+	ctx, cancel := r.passContext(hs)
+	groups := map[Client][]*Holder{}
+	for _, h := range hs {
+		var c Client = cc // slot owner unknown: the cluster client finds it
+		if node, err := cc.MasterForKey(ctx, h.k.lock); err == nil {
+			c = node
+		}
+		groups[c] = append(groups[c], h)
+	}
+	cancel()
+	var wg sync.WaitGroup
+	for c, g := range groups {
+		wg.Go(func() { r.renewOn(cc, c, g, false) })
+	}
+	wg.Wait()
+}
+
+// passContext bounds a renewal pass by the earliest lease deadline of its
+// holders: a reply after it is of no use to that holder, and go-redis'
+// retries must not keep the pass (and its other holders) waiting longer.
+func (r *renewer) passContext(hs []*Holder) (context.Context, context.CancelFunc) {
+	end := time.Now().Add(backend.ReleaseTimeout)
+	r.mu.Lock()
+	for _, h := range hs {
+		end = earlier(end, h.deadline)
+	}
+	r.mu.Unlock()
+	return context.WithDeadline(context.Background(), end)
+}
+
+// renewOn extends every holder in hs in one pipeline on c and applies the
+// results. If c is a master of the cluster client cc, holders it redirects
+// (MOVED, ASK: their slot moved) are tried again through cc, which follows
+// the redirect.
+func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch bool) {
+	ctx, cancel := r.passContext(hs)
 	defer cancel()
 	sent := time.Now()
-	results := r.extendAll(ctx, hs, r.f.together.Load())
+	results := r.extendAll(ctx, c, hs, batch)
+	if cc != nil && c != Client(cc) {
+		var moved []*Holder
+		for _, h := range hs {
+			if err := results[h].err; redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") {
+				moved = append(moved, h)
+			}
+		}
+		if len(moved) > 0 {
+			maps.Copy(results, r.extendAll(ctx, cc, moved, false))
+		}
+	}
 	type failure struct {
 		h   *Holder
 		err error
@@ -336,6 +392,8 @@ func (r *renewer) renew(hs []*Holder) {
 		h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))
 	}
 	if len(stray) > 0 {
-		r.f.releaseMany(ctx, stray)
+		rctx, rcancel := backend.ReleaseContext(context.Background())
+		r.f.releaseMany(rctx, stray)
+		rcancel()
 	}
 }
