@@ -14,9 +14,10 @@ import (
 
 // renewer is the factory's one loop over its held locks. It renews the
 // auto-renewed ones in batches (one pipeline per pass, whatever the number
-// of locks; on a cluster client one per master) and declares any holder lost whose deadline passed without a
-// confirmed acquire or renewal, renewed or not. It runs only while the
-// factory holds something, and for lingerTime after.
+// of locks; on a cluster client one per master) and declares any holder
+// lost whose deadline passed without a confirmed acquire or renewal,
+// renewed or not. It runs only while the factory holds something, and for
+// lingerTime after.
 type renewer struct {
 	f       *Factory
 	mu      sync.Mutex
