@@ -666,3 +666,74 @@ func TestReleaseAfterLossSendsNothing(t *testing.T) {
 		t.Fatalf("Release after loss sent %d transactions, want 0", n)
 	}
 }
+
+// A waiting Acquire whose context has no deadline, on a factory with no
+// watch yet (new, or idle for more than 2s), while etcd does not answer
+// (stopped with SIGSTOP) or is down: the watch set-up gives up after its
+// bound, 10s (backend.ReleaseTimeout, as for the lease grant), and Acquire
+// returns an error that is not contention, instead of waiting for the whole
+// outage. Once etcd is back the factory works again.
+func TestFaultWatchSetupBounded(t *testing.T) {
+	const bound = 10 * time.Second // the documented watch set-up bound
+	for _, how := range []string{"paused", "killed"} {
+		t.Run(how, func(t *testing.T) {
+			srv := startEtcd(t)
+			f := factory(t, srv.dial(t), etcdlock.WithTTL(time.Second))
+			if how == "paused" {
+				srv.pause()
+				waitStopped(t, srv.cmd.Process.Pid) // SIGSTOP takes effect asynchronously
+			} else {
+				srv.kill()
+			}
+			got := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				h, err := f.Acquire(context.Background(), "unanswered", etcdlock.WithWait())
+				if err == nil {
+					h.Release()
+				}
+				got <- err
+			}()
+			select {
+			case err := <-got:
+				t.Logf("Acquire returned after %v: %v", time.Since(start).Round(time.Millisecond), err)
+				if err == nil || errors.Is(err, lock.ErrLocked) {
+					t.Fatalf("Acquire with etcd %s = %v; want a failure that is not contention", how, err)
+				}
+			case <-time.After(bound + 20*time.Second):
+				t.Fatalf("a waiting Acquire without a deadline did not return within %v of etcd being %s (bound %v)", bound+20*time.Second, how, bound)
+			}
+			if how == "paused" {
+				srv.resume()
+			} else {
+				srv.start()
+			}
+			h, err := f.Acquire(ctxT(t, time.Minute), "unanswered", etcdlock.WithWait())
+			if err != nil {
+				t.Fatalf("Acquire once etcd is back: %v", err)
+			}
+			h.Release()
+		})
+	}
+}
+
+// waitStopped returns once process pid is stopped (state T in
+// /proc/pid/stat), or at once where there is no /proc.
+func waitStopped(t testing.TB, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		// pid (comm) state ...: comm may contain spaces, so look after ')'.
+		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 0 && f[0] == "T" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d not stopped within 10s of SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

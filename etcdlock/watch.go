@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -98,6 +99,12 @@ func (ws *waitState) drain() ([]delEvent, bool) {
 // watchLinger is how long an unused watch is kept.
 const watchLinger = 2 * time.Second
 
+// watchSetup bounds the wait for etcd to confirm a new watch, as opTimeout
+// bounds a lease grant: Acquire waits for the watch whatever its context,
+// and an etcd that does not answer (down, stopped, without a leader) would
+// otherwise hold it for the whole outage.
+const watchSetup = opTimeout
+
 // watch returns the established watcher of prefix, with a reference the
 // caller drops with unrefWatch.
 func (f *Factory) watch(ctx context.Context, prefix string) (*watcher, error) {
@@ -175,6 +182,9 @@ func (w *watcher) run(ctx context.Context) {
 	established := false
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(ctx)
+		// Watch itself blocks while the client has no connection, and the
+		// creation may never be confirmed: past the bound, wctx ends both.
+		setup := time.AfterFunc(watchSetup, cancel)
 		wch := w.f.cli.Watch(clientv3.WithRequireLeader(wctx), w.prefix,
 			clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 		var err error
@@ -190,6 +200,9 @@ func (w *watcher) run(ctx context.Context) {
 			}
 		case <-ctx.Done():
 			err = ctx.Err()
+		}
+		if !setup.Stop() && ctx.Err() == nil {
+			err = fmt.Errorf("etcdlock: watch of %q not set up within %v: %w", w.prefix, watchSetup, context.DeadlineExceeded)
 		}
 		if err != nil {
 			cancel()

@@ -157,15 +157,22 @@ func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *loc
 	return h
 }
 
-// removeLocked takes h out of its entry and hands the permit to the next
-// waiter. f.mu is held.
-func (f *Factory) removeLocked(h *Holder) bool {
+// removeLocked takes h out of its entry, ends its state — released, or
+// lost with loss if that is not nil — and hands the permit to the next
+// waiter. Done closes before the hand-off, so the old holder learns of the
+// loss before a successor holds, as in every backend. f.mu is held.
+func (f *Factory) removeLocked(h *Holder, loss error) bool {
 	if _, ok := h.e.holders[h]; !ok {
 		return false
 	}
 	delete(h.e.holders, h)
 	if h.stop != nil {
 		h.stop()
+	}
+	if loss != nil {
+		h.state.Lose(loss)
+	} else {
+		h.state.End()
 	}
 	for len(h.e.holders) < h.e.limit && h.e.waiters.Len() > 0 {
 		w := h.e.waiters.Remove(h.e.waiters.Front()).(*waiter)
@@ -230,12 +237,12 @@ func (f *Factory) ForceLoss(name string) int {
 			lost = append(lost, h)
 		}
 		for _, h := range lost {
-			f.removeLocked(h)
+			f.removeLocked(h, ErrLockLost)
 		}
 	}
 	f.mu.Unlock()
 	for _, h := range lost {
-		h.lose()
+		h.reportLost()
 	}
 	return len(lost)
 }
@@ -262,7 +269,9 @@ func (f *Factory) Close() error {
 		if h.stop != nil {
 			h.stop()
 		}
-		h.lose()
+		if h.state.Lose(ErrLockLost) {
+			h.reportLost()
+		}
 	}
 	return nil
 }
@@ -294,9 +303,9 @@ func (h *Holder) Err() error { return h.state.Err() }
 // error matching ErrLockLost.
 func (h *Holder) Release() error {
 	h.f.mu.Lock()
-	removed := h.f.removeLocked(h)
+	removed := h.f.removeLocked(h, nil)
 	h.f.mu.Unlock()
-	if removed && h.state.End() {
+	if removed {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since)})
 	}
 	return h.state.Err()
@@ -325,17 +334,17 @@ func (h *Holder) Extend(ctx context.Context) error {
 func (h *Holder) expire() {
 	h.f.mu.Lock()
 	due := !h.expires.IsZero() && !h.f.clock.Now().Before(h.expires)
-	removed := due && h.f.removeLocked(h)
+	removed := due && h.f.removeLocked(h, ErrLockLost)
 	h.f.mu.Unlock()
 	if removed {
-		h.lose()
+		h.reportLost()
 	}
 }
 
-func (h *Holder) lose() {
-	if h.state.Lose(ErrLockLost) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: ErrLockLost})
-	}
+// reportLost reports h's loss, once its state has recorded it; outside f.mu,
+// as an observer may be slow.
+func (h *Holder) reportLost() {
+	h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: ErrLockLost})
 }
 
 // Name is the name the lock was acquired under.

@@ -369,3 +369,90 @@ func TestNetworkCut(t *testing.T) {
 	}
 	t.Logf("locks free %v after the cut", time.Since(cutAt))
 }
+
+// With the network cut, every lock session is found lost within the one
+// documented bound, health interval + statement timeout, whatever the
+// number of sessions: they are checked at the same time, not one after
+// another.
+//
+// The bound asserted is deliberately loose. With health interval H and
+// statement timeout S, each holder should learn of the loss within H + S
+// of the cut (plus a few milliseconds). Checked one after another, session
+// k (1-based) is declared lost only after H + k×S: the third and fourth of
+// four sessions after at least H + 3S. The test asserts every loss within
+// H + 2S: with S = 2s that is 2s (a whole statement timeout) above where
+// a correct check lands, and 2s below where the sequential one could land
+// for the last two sessions, so neither scheduling noise nor the machine's
+// load decides the outcome.
+func TestNetworkCutEverySessionWithinBound(t *testing.T) {
+	const (
+		sessions = 4
+		health   = 200 * time.Millisecond
+		stmt     = 2 * time.Second
+		bound    = health + 2*stmt
+	)
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", p.port() })
+	f := newFactory(t, pool, pglock.WithSessions(sessions), pglock.WithHealthInterval(health), pglock.WithStatementTimeout(stmt))
+	// One holder on each session: names map to sessions by their key, so
+	// take names until every session (backend pid) holds one.
+	base := uniq(t)
+	bySession := map[uint32]*pglock.Holder{}
+	for i := 0; len(bySession) < sessions; i++ {
+		if i == 1000 {
+			t.Fatalf("only %d of %d sessions got a holder in 1000 names", len(bySession), sessions)
+		}
+		h, err := f.Acquire(ctxT(t), fmt.Sprint(base, "/", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bySession[h.BackendPID()] != nil {
+			h.Release()
+			continue
+		}
+		bySession[h.BackendPID()] = h
+	}
+	// Each holder is published for Inspect by a statement on its session
+	// soon after it is acquired; one still to run at the cut would fail its
+	// session by itself, without the health check this test is about.
+	for _, h := range bySession {
+		eventually(t, 10*time.Second, "holder published", func() bool {
+			info, err := f.Inspect(ctxT(t), h.Name())
+			return err == nil && len(info.Holders) == 1 && info.Holders[0].Token == h.Token()
+		})
+	}
+	p.cut.Store(true)
+	cutAt := time.Now()
+	lostAfter := make(chan time.Duration, sessions)
+	for _, h := range bySession {
+		go func() {
+			select {
+			case <-h.Done():
+				lostAfter <- time.Since(cutAt)
+			case <-time.After(time.Minute):
+				lostAfter <- -1
+			}
+		}()
+	}
+	var late []time.Duration
+	for range sessions {
+		d := <-lostAfter
+		t.Logf("holder told of the loss %v after the cut", d)
+		if d < 0 || d > bound {
+			late = append(late, d)
+		}
+	}
+	if len(late) > 0 {
+		t.Fatalf("%d of %d holders told later than %v (health %v + 2 × statement timeout %v; -1: not within a minute): %v",
+			len(late), sessions, bound, health, stmt, late)
+	}
+	for _, h := range bySession {
+		if !errors.Is(h.Err(), pglock.ErrLockLost) {
+			t.Fatalf("Err = %v", h.Err())
+		}
+	}
+}

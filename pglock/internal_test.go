@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -121,4 +122,52 @@ func TestIdleSessionsClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Release()
+}
+
+// After a waiting acquire, a factory nobody closes gives up the listener's
+// connection too, once nothing waits: with its sessions closed as idle, it
+// keeps no connection at all.
+func TestIdleListenerCloses(t *testing.T) {
+	pool := testPool(t)
+	app := fmt.Sprintf("pglock-idle-listener-%d", time.Now().UnixNano())
+	f := NewFactory(pool, WithLogger(nil), WithHealthInterval(50*time.Millisecond), WithApplicationName(app))
+	defer f.Close()
+	f.cfg.idleClose = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, err := f.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w, err := f.Acquire(ctx, t.Name(), WithWait())
+		if err == nil {
+			err = w.Release()
+		}
+		got <- err
+	}()
+	for !f.lis.isRunning() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	h.Release()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	conns := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for n := conns(); n != 0; n = conns() {
+		if time.Now().After(deadline) {
+			var last string
+			pool.QueryRow(ctx, "SELECT string_agg(query, ' | ') FROM pg_stat_activity WHERE application_name = $1", app).Scan(&last)
+			t.Fatalf("%d connections of an idle factory still open 30s after its last wait (last queries: %s)", n, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // listenerIdle is how long the listener stays subscribed after its last
-// waiter left, so that a burst of waits does not re-subscribe each time.
+// waiter left, so that a burst of waits does not reconnect each time. Then
+// its connection is closed: an idle factory keeps none.
 const listenerIdle = time.Second
 
 // waitReg is one waiting Acquire.
@@ -30,7 +31,6 @@ type listener struct {
 	startMu sync.Mutex // serialises start and stop
 
 	mu      sync.Mutex
-	conn    *pgx.Conn
 	running bool
 	stop    context.CancelFunc
 	done    chan struct{}
@@ -151,36 +151,32 @@ func (l *listener) ensure(ctx context.Context) error {
 	l.startMu.Lock()
 	defer l.startMu.Unlock()
 	l.mu.Lock()
-	running, closed, c, failed := l.running, l.closed, l.conn, l.failed
+	running, closed, failed := l.running, l.closed, l.failed
 	l.mu.Unlock()
 	if running || closed || time.Since(failed) < l.f.cfg.poll {
 		return nil
 	}
-	if c == nil {
-		var err error
-		if c, err = l.f.hijack(ctx); err != nil {
-			l.mu.Lock()
-			l.failed = time.Now()
-			l.mu.Unlock()
-			return err
-		}
+	c, err := l.f.hijack(ctx)
+	if err != nil {
+		l.mu.Lock()
+		l.failed = time.Now()
+		l.mu.Unlock()
+		return err
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.f.cfg.stmtTimeout)
 	defer cancel()
 	if _, err := c.Exec(sctx, "SELECT set_config('application_name', $1, false)", pgx.QueryExecModeSimpleProtocol, l.f.cfg.appName); err != nil {
 		closeConn(c)
-		l.setConn(nil)
 		return err
 	}
 	if _, err := c.Exec(sctx, "LISTEN "+notifyChannel); err != nil {
 		closeConn(c)
-		l.setConn(nil)
 		return err
 	}
 	lctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	l.mu.Lock()
-	l.conn, l.running, l.stop, l.done = c, true, stop, done
+	l.running, l.stop, l.done = true, stop, done
 	l.mu.Unlock()
 	go l.loop(lctx, c, done)
 	// Anything released before LISTEN took effect went unnoticed.
@@ -194,33 +190,16 @@ func (l *listener) isRunning() bool {
 	return l.running || l.closed
 }
 
-func (l *listener) setConn(c *pgx.Conn) {
-	l.mu.Lock()
-	l.conn = c
-	l.mu.Unlock()
-}
-
 func (l *listener) loop(ctx context.Context, c *pgx.Conn, done chan struct{}) {
 	defer close(done)
 	for {
 		n, err := c.WaitForNotification(ctx)
 		if err != nil {
-			keep := false
-			if ctx.Err() != nil {
-				// Asked to stop: unsubscribe and keep the connection.
-				uctx, cancel := context.WithTimeout(context.Background(), l.f.cfg.stmtTimeout)
-				_, uerr := c.Exec(uctx, "UNLISTEN *")
-				cancel()
-				keep = uerr == nil
-			}
-			if !keep {
-				closeConn(c)
-			}
+			// Failed, or asked to stop (idle or Close): the connection
+			// goes, and with it the LISTEN.
+			closeConn(c)
 			l.mu.Lock()
 			l.running = false
-			if !keep {
-				l.conn = nil
-			}
 			l.mu.Unlock()
 			// Waiters fall back to polling until a new listener starts.
 			l.broadcast()
@@ -273,7 +252,7 @@ func (l *listener) stopIfIdle() {
 	<-done
 }
 
-// close stops listening and closes the connection.
+// close stops listening, which closes the connection.
 func (l *listener) close() {
 	l.startMu.Lock()
 	defer l.startMu.Unlock()
@@ -287,13 +266,6 @@ func (l *listener) close() {
 	l.mu.Unlock()
 	if running {
 		stop()
-		<-done
-	}
-	l.mu.Lock()
-	c := l.conn
-	l.conn = nil
-	l.mu.Unlock()
-	if c != nil {
-		closeConn(c)
+		<-done // the loop closes the connection
 	}
 }

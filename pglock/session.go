@@ -606,12 +606,17 @@ func (f *Factory) armHealth() {
 }
 
 // healthTick checks every idle open session with a query; a session that
-// does not answer, or answers from another backend, is failed. It stops
-// when no session is open, and open starts it again.
+// does not answer, or answers from another backend, is failed. The checks
+// run at the same time: on a cut network each waits out the statement
+// timeout, and one after another the k-th session would be found lost only
+// after k of them. It stops when no session is open, and open starts it
+// again.
 func (f *Factory) healthTick() {
+	var wg sync.WaitGroup
 	for _, s := range f.sessions {
-		s.check()
+		wg.Go(s.check)
 	}
+	wg.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// A session opening now counts itself before it calls armHealth, so

@@ -25,6 +25,10 @@
 //   - Names. A job without gocron.WithName is named after its function,
 //     which two jobs can share; Lock rejects such names with ErrUnnamedJob
 //     instead of letting the jobs silently share a lock.
+//   - A bounded Lock. gocron calls Lock synchronously, with a job context
+//     that has no deadline, and schedules the next run only once it
+//     returns; every Lock gives up after WithLockTimeout (default 5s), so
+//     a backend outage does not stall the job until it ends.
 //   - Errors. Lock's error matches lock.ErrLocked (and ErrLocked) when
 //     another replica has the run, and does not when the backend failed, so
 //     a gocron.AfterLockError listener can tell the two apart.
@@ -155,21 +159,25 @@ func (a *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	}
 	name := a.cfg.prefix + key
 	r := &run{a: a, ctx: ctx, key: key, lost: make(chan struct{})}
+	// The run registers under gocron's ctx; the acquires get a bounded one.
+	// Holders of the family do not depend on it once acquired.
+	actx, cancel := context.WithTimeout(ctx, a.cfg.lockTimeout)
+	defer cancel()
 	if d := a.cfg.resolution; d > 0 {
 		tick := time.Now().Round(d).UTC().Format(time.RFC3339Nano)
-		h, err := a.l.Acquire(ctx, name+"@"+tick)
+		h, err := a.l.Acquire(actx, name+"@"+tick)
 		if err != nil {
-			return nil, a.lockErr(key, "tick "+tick+" already run", err)
+			return nil, a.lockErr(ctx, key, "tick "+tick+" already run", err)
 		}
 		r.tick = h
 	}
-	h, err := a.l.Acquire(ctx, name)
+	h, err := a.l.Acquire(actx, name)
 	if err != nil {
 		if r.tick != nil {
 			// Nobody ran this tick here; a replica that fires later may.
 			_ = r.tick.Release()
 		}
-		return nil, a.lockErr(key, "running elsewhere", err)
+		return nil, a.lockErr(ctx, key, "running elsewhere", err)
 	}
 	r.job, r.locked = h, time.Now()
 	runs.add(r)
@@ -179,9 +187,13 @@ func (a *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	return r, nil
 }
 
-func (a *Locker) lockErr(key, why string, err error) error {
-	if errors.Is(err, lock.ErrLocked) {
+// lockErr is Lock's error for err from Acquire; ctx is gocron's.
+func (a *Locker) lockErr(ctx context.Context, key, why string, err error) error {
+	switch {
+	case errors.Is(err, lock.ErrLocked):
 		return fmt.Errorf("%w: job %q: %s: %w", ErrLocked, key, why, err)
+	case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("gocronlock: job %q: no lock within %v (WithLockTimeout): %w", key, a.cfg.lockTimeout, err)
 	}
 	return fmt.Errorf("gocronlock: job %q: %w", key, err)
 }

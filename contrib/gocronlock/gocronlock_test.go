@@ -207,6 +207,7 @@ func TestBadConfiguration(t *testing.T) {
 		"negative tick":     gocronlock.New(f.AsLocker(), gocronlock.WithTickResolution(-time.Second)),
 		"negative extend":   gocronlock.New(f.AsLocker(), gocronlock.WithExtendEvery(-time.Second)),
 		"zero retry (elec)": gocronlock.New(f.AsLocker(), gocronlock.WithRetryInterval(0)),
+		"zero lock timeout": gocronlock.New(f.AsLocker(), gocronlock.WithLockTimeout(0)),
 	} {
 		if _, err := l.Lock(ctx, "job"); !errors.Is(err, lock.ErrInvalidOption) {
 			t.Errorf("%s: Lock = %v, want ErrInvalidOption", name, err)

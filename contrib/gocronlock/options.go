@@ -15,6 +15,7 @@ const (
 	DefaultMinHold       = 500 * time.Millisecond
 	DefaultRetryInterval = time.Second
 	DefaultTakeoverDelay = 500 * time.Millisecond
+	DefaultLockTimeout   = 5 * time.Second
 )
 
 // An Option configures a Locker (New) or an Elector (NewElector). Each
@@ -29,6 +30,7 @@ type config struct {
 	anyName     bool
 	retry       time.Duration
 	takeover    time.Duration
+	lockTimeout time.Duration
 	logger      *slog.Logger
 	noLog       bool
 	errs        []error
@@ -36,10 +38,11 @@ type config struct {
 
 func resolve(opts []Option) config {
 	c := config{
-		prefix:   DefaultKeyPrefix,
-		minHold:  DefaultMinHold,
-		retry:    DefaultRetryInterval,
-		takeover: DefaultTakeoverDelay,
+		prefix:      DefaultKeyPrefix,
+		minHold:     DefaultMinHold,
+		retry:       DefaultRetryInterval,
+		takeover:    DefaultTakeoverDelay,
+		lockTimeout: DefaultLockTimeout,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -139,6 +142,25 @@ func WithRetryInterval(d time.Duration) Option {
 // to d later. 0 makes the winner leader at once. Default: 500ms.
 func WithTakeoverDelay(d time.Duration) Option {
 	return nonNegative("WithTakeoverDelay", d, func(c *config) *time.Duration { return &c.takeover })
+}
+
+// WithLockTimeout bounds each Lock: the Acquire calls of one run get a
+// context that ends d after Lock was called (or sooner, with the job's
+// context). gocron calls Lock synchronously with the job's context, which
+// has no deadline, and schedules the job's next run only once Lock returns,
+// so a backend that does not answer would otherwise hold the job for the
+// whole outage and run a stale tick when it came back. A Lock that runs out
+// fails with an error that matches context.DeadlineExceeded and not
+// lock.ErrLocked. d must be positive. Default: 5s. It does not apply to an
+// Elector, whose campaign waits on purpose.
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.invalid("WithLockTimeout(%v): must be positive", d)
+			return
+		}
+		c.lockTimeout = d
+	}
 }
 
 // WithLogger sets where the Locker and Elector log (rejected job names and
