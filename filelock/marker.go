@@ -334,6 +334,10 @@ func writeAll(fd int, data []byte) error {
 	return nil
 }
 
+// syncFile syncs the file being written at path; tests wrap it to stall or
+// fail the disk.
+var syncFile = func(path string, fd int) error { return unix.Fsync(fd) }
+
 // writeTemp writes data to a new temporary file and syncs it, so that the
 // link or rename that follows makes a complete file visible.
 func writeTemp(path string, data []byte) error {
@@ -343,7 +347,7 @@ func writeTemp(path string, data []byte) error {
 	}
 	err = writeAll(fd, data)
 	if err == nil {
-		err = unix.Fsync(fd)
+		err = syncFile(path, fd)
 	}
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
