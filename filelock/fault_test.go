@@ -758,3 +758,25 @@ func TestPIDNamespaceSharingProc(t *testing.T) {
 		t.Fatalf("holder: %v", err)
 	}
 }
+
+// TestProbeAcrossTimeNamespace: start ticks count from the boot time of the
+// reader's time namespace, so a holder in a time namespace with a boot-time
+// offset (unshare --time --boottime) must not look like a reused PID to a
+// judge outside it.
+func TestProbeAcrossTimeNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for unshare --time")
+	}
+	if err := exec.Command("unshare", "--time", "--boottime", "1000", "true").Run(); err != nil {
+		t.Skipf("unshare --time: %v", err)
+	}
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	c := startChildVia(t, []string{"unshare", "--time", "--boottime", "1000"}, "hold", append(dirEnv(dir, "timens"), "FILELOCK_TTL=1h")...)
+	c.expect(t, "ACQUIRED")
+	mustLocked(t, f, "timens")
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+}

@@ -18,9 +18,10 @@
 // A marker is stale, and the next Acquire takes it over, when
 //   - its holder ran on this machine (same host name, boot id and PID
 //     namespace) and is provably dead: kill(pid, 0) fails with ESRCH, the
-//     process is a zombie, or its start time in /proc differs from the
-//     recorded one by more than 2s (the PID was reused) — at once, whatever
-//     the lease (Linux only); or
+//     process is a zombie, or the process with that PID started at another
+//     clock tick since boot than the recorded one (the PID was reused) — at
+//     once, whatever the lease (Linux only). No proof involves the wall
+//     clock, so a clock step never makes a live holder look dead; or
 //   - its lease (WithStaleAfter, default 30s) has run out since the last
 //     refresh, whoever and wherever the holder is.
 //
@@ -350,8 +351,8 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		opts: o, state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: now,
 	}
 	h.m = marker{
-		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start,
-		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS,
+		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start, StartTicks: id.ticks,
+		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS, TimeNS: id.timeNS,
 		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
 		Limit: limit, Slot: max(slot, 0), Owner: o.Owner, Meta: maps.Clone(o.Metadata),
 	}

@@ -86,10 +86,12 @@ type marker struct {
 	Token      uint64
 	Nonce      string // unique per acquisition: what makes a marker ours
 	PID        int
-	Start      time.Time // start time of the holder process
+	Start      time.Time // start time of the holder process, for people
+	StartTicks uint64    // the same in clock ticks after boot, for the probe
 	Host       string
 	BootID     string
 	PIDNS      string
+	TimeNS     string
 	Acquired   time.Time
 	Refreshed  time.Time
 	Expires    time.Time
@@ -122,9 +124,15 @@ func (m *marker) encode() []byte {
 	kv("nonce", m.Nonce)
 	kv("pid", strconv.Itoa(m.PID))
 	kv("start", ts(m.Start))
+	if m.StartTicks != 0 {
+		kv("start_ticks", strconv.FormatUint(m.StartTicks, 10))
+	}
 	kv("host", m.Host)
 	kv("boot_id", m.BootID)
 	kv("pid_ns", m.PIDNS)
+	if m.TimeNS != "" {
+		kv("time_ns", m.TimeNS)
+	}
 	kv("acquired", ts(m.Acquired))
 	kv("refreshed", ts(m.Refreshed))
 	kv("expires", ts(m.Expires))
@@ -239,12 +247,18 @@ func (m *marker) set(key, v string) error {
 		m.PID = int(p)
 	case "start":
 		m.Start, err = tm()
+	case "start_ticks":
+		if v != "" {
+			m.StartTicks, err = strconv.ParseUint(v, 10, 64)
+		}
 	case "host":
 		m.Host = v
 	case "boot_id":
 		m.BootID = v
 	case "pid_ns":
 		m.PIDNS = v
+	case "time_ns":
+		m.TimeNS = v
 	case "acquired":
 		m.Acquired, err = tm()
 	case "refreshed":
