@@ -25,13 +25,14 @@
 //   - its lease (WithStaleAfter, default 30s) has run out since the last
 //     refresh, whoever and wherever the holder is.
 //
-// Holders refresh their markers in the background (one goroutine per
-// factory) inside WithLock and AsLocker, or by calling Extend after a bare
-// Acquire. A holder that has not refreshed declares the lock lost a margin
-// (a tenth of the lease, at most 2s) before its lease runs out. The same
-// goroutine reads each held marker back every eighth of its lease (at most
-// every second) and closes Done with ErrLockLost once the marker is gone or
-// no longer the holder's.
+// Holders refresh their markers in the background inside WithLock and
+// AsLocker, or by calling Extend after a bare Acquire. A holder that has not
+// refreshed declares the lock lost a margin (a tenth of the lease, at most
+// 2s) before its lease runs out, from a timer of its own that needs no I/O:
+// a refresh stalled on the disk, or on a name whose guard is stuck, does
+// not delay it. Each holder also reads its marker back every eighth of its
+// lease (at most every second) and closes Done with ErrLockLost once the
+// marker is gone or no longer the holder's.
 //
 // Exclusion holds while every contender uses this package (or its
 // protocol) on the same directory; flock(2) and link(2) behave as on a local
@@ -91,18 +92,15 @@ type Factory struct {
 	closing chan struct{}
 	dirs    sync.Map // directory as given → absolute path, created
 
-	mu      sync.Mutex
-	closed  bool
-	held    map[*Holder]struct{}
-	running bool // the refresh loop is running
-	wake    chan struct{}
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	held   map[*Holder]struct{}
 }
 
 // NewFactory returns a factory whose options are the defaults for every
 // call. An invalid option is reported by the first Acquire.
 func NewFactory(opts ...Option) *Factory {
-	f := &Factory{closing: make(chan struct{}), held: map[*Holder]struct{}{}, wake: make(chan struct{}, 1)}
+	f := &Factory{closing: make(chan struct{}), held: map[*Holder]struct{}{}}
 	f.opts, f.err = lock.Apply(lock.Options{}, opts...)
 	if f.err == nil {
 		f.err = validate(&f.opts)
@@ -356,7 +354,6 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
 		Limit: limit, Slot: max(slot, 0), Owner: o.Owner, Meta: maps.Clone(o.Metadata),
 	}
-	h.scheduleLocked(now)
 	tmp := tempPath(dir, esc, newNonce()[:16])
 	if err := writeTemp(tmp, h.m.encode()); err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: write marker: %w", err)
@@ -370,7 +367,13 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: publish marker: %w", err)
 	}
-	if err := f.register(h); err != nil {
+	h.mu.Lock()
+	err = f.register(h)
+	if err == nil {
+		h.startLocked(now)
+	}
+	h.mu.Unlock()
+	if err != nil {
 		unix.Unlink(free)
 		return nil, time.Time{}, err
 	}
@@ -441,13 +444,6 @@ func (f *Factory) register(h *Holder) error {
 		return lock.ErrClosed
 	}
 	f.held[h] = struct{}{}
-	if !f.running {
-		f.running = true
-		f.wg.Add(1)
-		go f.loop()
-	} else {
-		f.poke()
-	}
 	return nil
 }
 
@@ -455,52 +451,6 @@ func (f *Factory) unregister(h *Holder) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.held, h)
-	if len(f.held) == 0 {
-		f.poke() // let the loop end now rather than at its next tick
-	}
-}
-
-func (f *Factory) poke() {
-	select {
-	case f.wake <- struct{}{}:
-	default:
-	}
-}
-
-// loop is the factory's one background goroutine: it refreshes
-// auto-renewing markers, reads back every held marker to notice a takeover,
-// and ends leases that ran out. It exits when nothing is held.
-func (f *Factory) loop() {
-	defer f.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	var hs []*Holder
-	for {
-		f.mu.Lock()
-		if f.closed || len(f.held) == 0 {
-			f.running = false
-			f.mu.Unlock()
-			return
-		}
-		hs = hs[:0]
-		for h := range f.held {
-			hs = append(hs, h)
-		}
-		f.mu.Unlock()
-		next := time.Now().Add(time.Hour)
-		for _, h := range hs {
-			if t := h.tick(); t.Before(next) {
-				next = t
-			}
-		}
-		clear(hs)
-		timer.Reset(time.Until(next))
-		select {
-		case <-timer.C:
-		case <-f.wake:
-		case <-f.closing:
-		}
-	}
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. The marker is
@@ -668,8 +618,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 }
 
 // Close makes every lock held through the factory lost (their markers are
-// removed) and every waiter and later Acquire fail with lock.ErrClosed. It
-// stops the factory's background goroutine.
+// removed) and every waiter and later Acquire fail with lock.ErrClosed.
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	if f.closed {
@@ -680,7 +629,6 @@ func (f *Factory) Close() error {
 	close(f.closing)
 	hs := slices.Collect(maps.Keys(f.held))
 	f.mu.Unlock()
-	f.wg.Wait()
 	var errs []error
 	for _, h := range hs {
 		if err := h.closeByFactory(); err != nil {
