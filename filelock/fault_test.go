@@ -669,8 +669,9 @@ func TestStuckNameDoesNotDelayOthers(t *testing.T) {
 	}
 }
 
-// TestHugeMarker: a marker file too large to be one of ours is judged like
-// any unreadable marker (by its age), not an error that blocks the name.
+// TestHugeMarker: a marker file too large to be one of ours (over 1 MiB) is
+// judged like any unreadable marker (by its age), not an error that blocks
+// the name.
 func TestHugeMarker(t *testing.T) {
 	dir := t.TempDir()
 	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil), filelock.WithStaleAfter(time.Minute))
@@ -686,6 +687,12 @@ func TestHugeMarker(t *testing.T) {
 	os.Chtimes(path, old, old)
 	if n, err := f.Sweep(context.Background()); n != 1 || err != nil {
 		t.Fatalf("Sweep of an old huge marker = %d, %v; want 1, nil", n, err)
+	}
+	mustAcquire(t, f, "big").Release()
+	// Nor does it write one: its own read-backs would not know it.
+	_, err := f.Acquire(context.Background(), "big", filelock.WithMetadata("blob", strings.Repeat("x", 2<<20)))
+	if !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("Acquire with 2 MiB of metadata = %v; want ErrInvalidOption", err)
 	}
 	mustAcquire(t, f, "big").Release()
 }

@@ -297,17 +297,20 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		}
 	}
 	if c.limit == 0 {
-		// No usable counter: look at the first marker of the other layout.
-		other := mutexPath(dir, esc)
-		if limit == 1 {
-			other = slotPath(dir, esc, 0)
-		}
-		m, live, _, err := j.examine(other)
+		// No usable counter: every marker of the name, in whatever layout
+		// and slot, says the limit it was taken under.
+		paths, err := markerFiles(dir, esc)
 		if err != nil {
 			return nil, time.Time{}, err
 		}
-		if live && m != nil && m.Limit != limit {
-			return nil, time.Time{}, mismatch(m.Limit)
+		for _, p := range paths {
+			m, live, _, err := j.examine(p)
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			if live && m != nil && m.Limit != limit {
+				return nil, time.Time{}, mismatch(m.Limit)
+			}
 		}
 	}
 
@@ -339,9 +342,6 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	}
 
 	token := nextToken(c, j.seen)
-	if err := writeCounter(g.fd, token, limit); err != nil {
-		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
-	}
 	id := self()
 	now := time.Now()
 	h := &Holder{
@@ -354,8 +354,15 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
 		Limit: limit, Slot: max(slot, 0), Owner: o.Owner, Meta: maps.Clone(o.Metadata),
 	}
+	data := h.m.encode()
+	if len(data) > maxMarker {
+		return nil, time.Time{}, fmt.Errorf("filelock: %w: owner and metadata make a marker of %d bytes, over %d", lock.ErrInvalidOption, len(data), maxMarker)
+	}
+	if err := writeCounter(g.fd, token, limit); err != nil {
+		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
+	}
 	tmp := tempPath(dir, esc, newNonce()[:16])
-	if err := writeTemp(tmp, h.m.encode()); err != nil {
+	if err := writeTemp(tmp, data); err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: write marker: %w", err)
 	}
 	err = unix.Link(tmp, free)
@@ -523,7 +530,11 @@ func namePaths(dir, esc string) ([]string, error) {
 			return markerPaths(dir, esc, c.limit), nil
 		}
 	}
-	// No counter to say the limit: list the directory.
+	return markerFiles(dir, esc) // no counter to say the limit
+}
+
+// markerFiles lists the marker files of esc in dir, whatever their layout.
+func markerFiles(dir, esc string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("filelock: %w", err)

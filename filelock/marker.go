@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -292,6 +291,9 @@ func readMarker(path string) (m *marker, mtime time.Time, err error) {
 	}
 	mtime = time.Unix(st.Mtim.Unix())
 	data, err := readAll(fd, int(st.Size))
+	if err == errTooBig {
+		return nil, mtime, nil // not one of ours: judged like any unreadable marker
+	}
 	if err != nil {
 		return nil, mtime, err
 	}
@@ -301,6 +303,11 @@ func readMarker(path string) (m *marker, mtime time.Time, err error) {
 	}
 	return m, mtime, nil
 }
+
+// maxMarker is the size of the largest marker written or read.
+const maxMarker = 1 << 20
+
+var errTooBig = errors.New("filelock: marker over 1 MiB")
 
 func readAll(fd int, size int) ([]byte, error) {
 	buf := make([]byte, 0, max(size, 512)+1)
@@ -319,8 +326,8 @@ func readAll(fd int, size int) ([]byte, error) {
 		if len(buf) == cap(buf) {
 			buf = slices.Grow(buf, cap(buf))
 		}
-		if len(buf) > 1<<20 {
-			return nil, io.ErrShortBuffer // not one of our markers
+		if len(buf) > maxMarker {
+			return nil, errTooBig
 		}
 	}
 }
