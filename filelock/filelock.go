@@ -89,18 +89,20 @@ const (
 type Factory struct {
 	opts    lock.Options
 	err     error
-	closing chan struct{}
+	closing context.Context // done once Close is called
+	stop    context.CancelFunc
 	dirs    sync.Map // directory as given → absolute path, created
 
 	mu     sync.Mutex
 	closed bool
-	held   map[*Holder]struct{}
+	held   map[*Holder]struct{} // holders that may still do I/O
 }
 
 // NewFactory returns a factory whose options are the defaults for every
 // call. An invalid option is reported by the first Acquire.
 func NewFactory(opts ...Option) *Factory {
-	f := &Factory{closing: make(chan struct{}), held: map[*Holder]struct{}{}}
+	f := &Factory{held: map[*Holder]struct{}{}}
+	f.closing, f.stop = context.WithCancel(context.Background())
 	f.opts, f.err = lock.Apply(lock.Options{}, opts...)
 	if f.err == nil {
 		f.err = validate(&f.opts)
@@ -179,14 +181,7 @@ func (f *Factory) dir(o *lock.Options) (string, error) {
 	return abs, nil
 }
 
-func (f *Factory) isClosed() bool {
-	select {
-	case <-f.closing:
-		return true
-	default:
-		return false
-	}
-}
+func (f *Factory) isClosed() bool { return f.closing.Err() != nil }
 
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
@@ -259,7 +254,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		case <-ctx.Done():
 			timer.Stop()
 			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		case <-f.closing:
+		case <-f.closing.Done():
 			timer.Stop()
 			return nil, waited(), lock.ErrClosed
 		}
@@ -630,6 +625,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 
 // Close makes every lock held through the factory lost (their markers are
 // removed) and every waiter and later Acquire fail with lock.ErrClosed.
+// Once it returns, no background work of the factory touches the directory.
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	if f.closed {
@@ -637,7 +633,7 @@ func (f *Factory) Close() error {
 		return nil
 	}
 	f.closed = true
-	close(f.closing)
+	f.stop()
 	hs := slices.Collect(maps.Keys(f.held))
 	f.mu.Unlock()
 	var errs []error

@@ -45,6 +45,7 @@ type Holder struct {
 	nextCheck   time.Time
 	expiry      *time.Timer // at deadline: expire
 	visits      *time.Timer // at the next refresh or check: visit
+	over        bool        // no more disk work: released, or lost and cleaned up
 }
 
 // Token is the fencing token, strictly increasing per name.
@@ -74,7 +75,7 @@ func (h *Holder) Release() error {
 	if h.state.Ended() {
 		return h.state.Err()
 	}
-	h.stopLocked()
+	h.finishLocked()
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
 	err := h.removeLocked(ctx)
@@ -82,10 +83,10 @@ func (h *Holder) Release() error {
 		h.lose(h.takenOver())
 		return h.state.Err()
 	}
-	h.f.unregister(h)
-	if h.state.End() {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+	if !h.state.End() {
+		return h.state.Err() // the deadline fired meanwhile
 	}
+	h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	return err
 }
 
@@ -111,14 +112,14 @@ func (h *Holder) extendLocked(ctx context.Context) error {
 	}
 	if !time.Now().Before(h.deadline) { // its timer is about to fire
 		h.lose(h.expired())
-		h.stopLocked()
 		h.dropLocked()
+		h.finishLocked()
 		return h.state.Err()
 	}
 	err := h.refreshLocked(ctx)
 	if errors.Is(err, errNotOurs) {
 		h.lose(h.takenOver())
-		h.stopLocked()
+		h.finishLocked()
 		return h.state.Err()
 	}
 	return err
@@ -146,9 +147,13 @@ func (h *Holder) nextVisitLocked() time.Time {
 	return h.nextCheck
 }
 
-func (h *Holder) stopLocked() {
+// finishLocked ends the holder's disk work: its timers stop, and a timer
+// that already fired finds over set and does nothing.
+func (h *Holder) finishLocked() {
+	h.over = true
 	h.expiry.Stop()
 	h.visits.Stop()
+	h.f.unregister(h)
 }
 
 // refreshLocked rewrites the marker with a new refresh time, only if it is
@@ -227,7 +232,7 @@ func (h *Holder) removeLocked(ctx context.Context) error {
 // ours, so that others need not wait for its lease; no longer than until
 // the lease ends, when anyone may take it over anyway.
 func (h *Holder) dropLocked() {
-	ctx, cancel := context.WithDeadline(h.ctx, h.m.Expires)
+	ctx, cancel := context.WithDeadline(h.f.closing, h.m.Expires)
 	defer cancel()
 	h.removeLocked(ctx)
 }
@@ -238,24 +243,24 @@ func (h *Holder) dropLocked() {
 func (h *Holder) visit() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state.Ended() {
+	if h.over || h.state.Ended() {
 		return
 	}
 	now := time.Now()
 	switch {
 	case h.renew && !now.Before(h.nextRefresh):
 		// A refresh that ends after the deadline is of no use: the lock is
-		// lost by then.
-		ctx, cancel := context.WithDeadline(h.ctx, h.deadline)
+		// lost by then. Close ends it too.
+		ctx, cancel := context.WithDeadline(h.f.closing, h.deadline)
 		err := h.refreshLocked(ctx)
 		cancel()
 		if errors.Is(err, errNotOurs) {
 			h.lose(h.takenOver())
-			h.stopLocked()
+			h.finishLocked()
 			return
 		}
 		if h.state.Ended() {
-			return
+			return // expire, waiting for h.mu, cleans up
 		}
 		if err != nil {
 			// Try again soon; the deadline ends the lock if this goes on.
@@ -265,7 +270,7 @@ func (h *Holder) visit() {
 	case !now.Before(h.nextCheck):
 		if err := h.oursLocked(); errors.Is(err, errNotOurs) {
 			h.lose(h.takenOver())
-			h.stopLocked()
+			h.finishLocked()
 			return
 		}
 		h.nextCheck = now.Add(checkEvery(h.ttl))
@@ -280,8 +285,11 @@ func (h *Holder) expire() {
 	h.lose(h.expired())
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.visits.Stop()
+	if h.over {
+		return
+	}
 	h.dropLocked()
+	h.finishLocked()
 }
 
 func (h *Holder) expired() error {
@@ -294,7 +302,6 @@ func (h *Holder) takenOver() error {
 
 // lose ends the lock with err; it needs no lock and does no I/O.
 func (h *Holder) lose(err error) {
-	h.f.unregister(h)
 	if h.state.Lose(err) {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
@@ -306,7 +313,10 @@ func (h *Holder) closeByFactory() error {
 	h.lose(fmt.Errorf("%w: factory closed", ErrLockLost))
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.stopLocked()
+	if h.over {
+		return nil
+	}
+	defer h.finishLocked()
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
 	if err := h.removeLocked(ctx); err != nil && !errors.Is(err, errNotOurs) {
