@@ -592,6 +592,7 @@ func TestStalledRefreshLosesOnTime(t *testing.T) {
 	}
 	// Another factory waits for the name; it can have it once the stalled
 	// marker's lease has run out. By then the holder must know.
+	told := toldAt(h)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	h2, err := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)).Acquire(ctx, "disk", filelock.WithWait())
@@ -599,11 +600,13 @@ func TestStalledRefreshLosesOnTime(t *testing.T) {
 		t.Fatalf("the stalled holder's marker was never freed: %v", err)
 	}
 	defer h2.Release()
+	taken := time.Now()
 	select {
 	case <-h.Done():
 	default:
 		t.Fatal("the marker was taken over before its holder, stalled in fsync, was told")
 	}
+	t.Logf("holder told %v before the successor had the lock", taken.Sub(<-told))
 	if !errors.Is(h.Err(), filelock.ErrLockLost) {
 		t.Fatalf("Err = %v; want ErrLockLost", h.Err())
 	}
@@ -612,6 +615,13 @@ func TestStalledRefreshLosesOnTime(t *testing.T) {
 	if err := h2.Extend(ctx); err != nil {
 		t.Fatalf("successor after the stalled refresh went on: %v", err)
 	}
+}
+
+// toldAt delivers the time h's Done closed, for the log.
+func toldAt(h lock.Holder) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	go func() { <-h.Done(); ch <- time.Now() }()
+	return ch
 }
 
 // TestStuckNameDoesNotDelayOthers: while another process is stopped inside
@@ -654,16 +664,19 @@ func TestStuckNameDoesNotDelayOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	bToken.Store(hb.Token())
+	told := toldAt(hb)
 	h2, err := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)).Acquire(ctx, "b", filelock.WithWait())
 	if err != nil {
 		t.Fatalf("b was never freed: %v", err)
 	}
 	defer h2.Release()
+	taken := time.Now()
 	select {
 	case <-hb.Done():
 	default:
 		t.Fatal("b was taken over before its holder was told, while a's guard was stuck")
 	}
+	t.Logf("b's holder told %v before the successor had the lock", taken.Sub(<-told))
 	if !errors.Is(hb.Err(), filelock.ErrLockLost) {
 		t.Fatalf("Err = %v; want ErrLockLost", hb.Err())
 	}
