@@ -11,14 +11,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/filelock"
 	"github.com/ubgo/lock/internal/testenv"
 )
@@ -125,6 +129,33 @@ func TestChild(t *testing.T) {
 			h.Release()
 		}
 
+	case "guard":
+		// Hold the guard of name, as a process stopped inside one of the
+		// guard's few syscalls would, until stdin closes.
+		fd, err := unix.Open(filepath.Join(dir, name+".token"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+		if err == nil {
+			err = unix.Flock(fd, unix.LOCK_EX)
+		}
+		if err != nil {
+			say("ERR %v", err)
+			return
+		}
+		say("GUARDED")
+		<-stdinClosed
+
+	case "try":
+		// Try once for name and say whether it was won.
+		h, err := f.Acquire(ctx, name)
+		switch {
+		case err == nil:
+			say("WON %d", h.Token())
+			h.Release()
+		case errors.Is(err, filelock.ErrLocked):
+			say("LOCKED")
+		default:
+			say("ERR %v", err)
+		}
+
 	default:
 		t.Fatalf("unknown child role %q", role)
 	}
@@ -138,7 +169,21 @@ type child struct {
 
 func startChild(t *testing.T, role string, env ...string) *child {
 	t.Helper()
+	return startChildVia(t, nil, role, env...)
+}
+
+// startChildVia starts the child through the command line via (unshare,
+// nsenter …), which runs the test binary with its arguments.
+func startChildVia(t *testing.T, via []string, role string, env ...string) *child {
+	t.Helper()
 	cmd := testenv.Command(t, role, "TestChild", env...)
+	if len(via) > 0 {
+		path, err := exec.LookPath(via[0])
+		if err != nil {
+			t.Skipf("%s: %v", via[0], err)
+		}
+		cmd.Path, cmd.Args = path, append(slices.Clone(via), cmd.Args...)
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -466,6 +511,291 @@ func TestWaitAcrossProcesses(t *testing.T) {
 	}
 	t.Logf("hand-off across processes: %v after the release was asked for", r.at.Sub(released))
 	r.h.Release()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+}
+
+// TestProbeSurvivesClockStep: a process started after the wall clock was
+// stepped computes every earlier process's start time off by the step (boot
+// time is wall clock minus uptime). A live holder must not be judged dead
+// for it, whichever way and however far the clock went. The step is
+// simulated by shifting the start time in a live child's marker by what a
+// judge started after the step would see.
+func TestProbeSurvivesClockStep(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc: same-host probe unavailable")
+	}
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	c := startChild(t, "hold", append(dirEnv(dir, "stepped"), "FILELOCK_TTL=1h")...)
+	c.expect(t, "ACQUIRED")
+	path := filepath.Join(dir, "stepped.lock")
+	orig := fields(t, path)
+	start, err := time.Parse(time.RFC3339Nano, orig["start"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []time.Duration{3 * time.Second, -3 * time.Second, 30 * time.Second, -30 * time.Second, 24 * time.Hour} {
+		plant(t, path, orig, map[string]string{"start": ts(start.Add(step))})
+		h, err := f.Acquire(context.Background(), "stepped")
+		if err == nil {
+			h.Release()
+			t.Fatalf("clock stepped %v: the live holder's marker was taken over", step)
+		}
+		if !errors.Is(err, filelock.ErrLocked) {
+			t.Fatalf("clock stepped %v: Acquire = %v; want ErrLocked", step, err)
+		}
+	}
+	c.stdin.Close() // the child releases: its marker must still be its own
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	select {
+	case l, ok := <-c.lines:
+		if ok {
+			t.Fatalf("child said %q after releasing", l)
+		}
+	default:
+	}
+}
+
+// TestStalledRefreshLosesOnTime: a holder whose refresh is stuck in fsync
+// is still told it lost the lock at its deadline, while the fsync is stuck
+// and before anyone can take its marker over.
+func TestStalledRefreshLosesOnTime(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	h, err := f.AsLocker(filelock.WithStaleAfter(time.Second)).Acquire(context.Background(), "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := fmt.Sprintf("\ntoken=%d\n", h.Token())
+	stalled, unstall := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	filelock.SetSyncHook(func(path string) error {
+		if b, _ := os.ReadFile(path); strings.Contains(string(b), ours) {
+			once.Do(func() { close(stalled) })
+			<-unstall // every refresh of h stalls until the test lets go
+		}
+		return nil
+	})
+	defer filelock.SetSyncHook(nil)
+	var unstallOnce sync.Once
+	letGo := func() { unstallOnce.Do(func() { close(unstall) }) }
+	defer letGo() // before the factory closes: Close waits for the refresh
+
+	select {
+	case <-stalled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder never refreshed")
+	}
+	// Another factory waits for the name; it can have it once the stalled
+	// marker's lease has run out. By then the holder must know.
+	told := toldAt(h)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h2, err := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)).Acquire(ctx, "disk", filelock.WithWait())
+	if err != nil {
+		t.Fatalf("the stalled holder's marker was never freed: %v", err)
+	}
+	defer h2.Release()
+	taken := time.Now()
+	select {
+	case <-h.Done():
+	default:
+		t.Fatal("the marker was taken over before its holder, stalled in fsync, was told")
+	}
+	t.Logf("holder told %v before the successor had the lock", taken.Sub(<-told))
+	if !errors.Is(h.Err(), filelock.ErrLockLost) {
+		t.Fatalf("Err = %v; want ErrLockLost", h.Err())
+	}
+	letGo()
+	// The stalled refresh, let go, must not disturb the successor.
+	if err := h2.Extend(ctx); err != nil {
+		t.Fatalf("successor after the stalled refresh went on: %v", err)
+	}
+}
+
+// toldAt delivers the time h's Done closed, for the log.
+func toldAt(h lock.Holder) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	go func() { <-h.Done(); ch <- time.Now() }()
+	return ch
+}
+
+// TestStuckNameDoesNotDelayOthers: while another process is stopped inside
+// the guard of name a, a holder of name b in the same factory whose
+// refreshes fail is told it lost b before anyone can take b over.
+func TestStuckNameDoesNotDelayOthers(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ha, err := f.AsLocker(filelock.WithStaleAfter(time.Second)).Acquire(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startChild(t, "guard", dirEnv(dir, "a")...)
+	c.expect(t, "GUARDED")
+	testenv.Pause(t, c.cmd.Process)
+
+	aRefreshing := make(chan struct{})
+	var once sync.Once
+	var bToken atomic.Uint64
+	filelock.SetSyncHook(func(path string) error {
+		b, _ := os.ReadFile(path)
+		switch {
+		case strings.Contains(string(b), fmt.Sprintf("\ntoken=%d\n", ha.Token())):
+			once.Do(func() { close(aRefreshing) }) // next: wait for the stopped guard
+		case bToken.Load() != 0 && strings.Contains(string(b), fmt.Sprintf("\ntoken=%d\n", bToken.Load())):
+			return unix.EIO // b's refreshes fail
+		}
+		return nil
+	})
+	defer filelock.SetSyncHook(nil)
+	select {
+	case <-aRefreshing:
+	case <-ctx.Done():
+		t.Fatal("a was never refreshed")
+	}
+	hb, err := f.AsLocker(filelock.WithStaleAfter(200*time.Millisecond)).Acquire(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bToken.Store(hb.Token())
+	told := toldAt(hb)
+	h2, err := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)).Acquire(ctx, "b", filelock.WithWait())
+	if err != nil {
+		t.Fatalf("b was never freed: %v", err)
+	}
+	defer h2.Release()
+	taken := time.Now()
+	select {
+	case <-hb.Done():
+	default:
+		t.Fatal("b was taken over before its holder was told, while a's guard was stuck")
+	}
+	t.Logf("b's holder told %v before the successor had the lock", taken.Sub(<-told))
+	if !errors.Is(hb.Err(), filelock.ErrLockLost) {
+		t.Fatalf("Err = %v; want ErrLockLost", hb.Err())
+	}
+}
+
+// TestHugeMarker: a marker file too large to be one of ours (over 1 MiB) is
+// judged like any unreadable marker (by its age), not an error that blocks
+// the name.
+func TestHugeMarker(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil), filelock.WithStaleAfter(time.Minute))
+	path := filepath.Join(dir, "big.lock")
+	if err := os.WriteFile(path, make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustLocked(t, f, "big")
+	if n, err := f.Sweep(context.Background()); n != 0 || err != nil {
+		t.Fatalf("Sweep of a young huge marker = %d, %v; want 0, nil", n, err)
+	}
+	old := time.Now().Add(-2 * time.Minute)
+	os.Chtimes(path, old, old)
+	if n, err := f.Sweep(context.Background()); n != 1 || err != nil {
+		t.Fatalf("Sweep of an old huge marker = %d, %v; want 1, nil", n, err)
+	}
+	mustAcquire(t, f, "big").Release()
+	// Nor does it write one: its own read-backs would not know it.
+	_, err := f.Acquire(context.Background(), "big", filelock.WithMetadata("blob", strings.Repeat("x", 2<<20)))
+	if !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("Acquire with 2 MiB of metadata = %v; want ErrInvalidOption", err)
+	}
+	mustAcquire(t, f, "big").Release()
+}
+
+// TestDeletedCounterKeepsLimitCheck: with <name>.token deleted, a mutex is
+// not granted beside a semaphore permit held in any slot, nor a permit of
+// another limit beside it.
+func TestDeletedCounterKeepsLimitCheck(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	sem := filelock.WithMaxConcurrent(3)
+	p0, p1 := mustAcquire(t, f, "pool", sem), mustAcquire(t, f, "pool", sem)
+	defer p1.Release()
+	if !strings.HasSuffix(p1.Path(), "pool.1.lock") {
+		t.Fatalf("second permit at %s; want slot 1", p1.Path())
+	}
+	p0.Release() // only slot 1 is held now
+	for _, opts := range [][]filelock.Option{nil, {filelock.WithMaxConcurrent(2)}} {
+		os.Remove(filepath.Join(dir, "pool.token"))
+		h, err := f.Acquire(context.Background(), "pool", opts...)
+		if err == nil {
+			h.Release()
+			t.Fatalf("with the counter deleted, %d options: granted beside the permit in slot 1", len(opts))
+		}
+		if !errors.Is(err, lock.ErrLimitMismatch) {
+			t.Fatalf("with the counter deleted: Acquire = %v; want ErrLimitMismatch", err)
+		}
+	}
+}
+
+// TestPIDNamespaceSharingProc: in a PID namespace that still sees the
+// host's /proc (unshare --pid --fork without --mount-proc), /proc/<pid>
+// names another process than pid does. A judge there must not declare a
+// live holder of the same namespace dead from what /proc says.
+func TestPIDNamespaceSharingProc(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for unshare --pid")
+	}
+	if err := exec.Command("unshare", "--pid", "--fork", "true").Run(); err != nil {
+		t.Skipf("unshare --pid: %v", err)
+	}
+	// Place the holder at a PID that no host process has, so that what
+	// /proc says of it is plainly not about the holder.
+	k := 0
+	for i := 3; i < 300 && k == 0; i++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", i)); errors.Is(err, os.ErrNotExist) {
+			k = i
+		}
+	}
+	if k == 0 {
+		t.Skip("no free low host PID")
+	}
+	dir := t.TempDir()
+	env := append(dirEnv(dir, "ns"), "FILELOCK_TTL=1h")
+	// sh is PID 1 and forks k-2 processes, so the holder is PID k.
+	script := fmt.Sprintf(`i=2; while [ $i -lt %d ]; do /bin/true; i=$((i+1)); done; "$0" "$@"; :`, k)
+	holder := startChildVia(t, []string{"unshare", "--pid", "--fork", "--kill-child", "sh", "-c", script}, "hold", env...)
+	holder.expect(t, "ACQUIRED")
+	if pid := fields(t, filepath.Join(dir, "ns.lock"))["pid"]; pid != strconv.Itoa(k) {
+		t.Fatalf("holder has PID %s in its namespace; the test meant %d", pid, k)
+	}
+	ns := fmt.Sprintf("--pid=/proc/%d/ns/pid_for_children", holder.cmd.Process.Pid)
+	judge := startChildVia(t, []string{"nsenter", ns, "--"}, "try", env...)
+	if l := judge.expect(t, ""); l != "LOCKED" {
+		t.Fatalf("a judge in the holder's namespace said %q; want LOCKED", l)
+	}
+	mustLocked(t, newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)), "ns")
+	holder.stdin.Close()
+	if err := holder.cmd.Wait(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+}
+
+// TestProbeAcrossTimeNamespace: start ticks count from the boot time of the
+// reader's time namespace, so a holder in a time namespace with a boot-time
+// offset (unshare --time --boottime) must not look like a reused PID to a
+// judge outside it.
+func TestProbeAcrossTimeNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for unshare --time")
+	}
+	if err := exec.Command("unshare", "--time", "--boottime", "1000", "true").Run(); err != nil {
+		t.Skipf("unshare --time: %v", err)
+	}
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	c := startChildVia(t, []string{"unshare", "--time", "--boottime", "1000"}, "hold", append(dirEnv(dir, "timens"), "FILELOCK_TTL=1h")...)
+	c.expect(t, "ACQUIRED")
+	mustLocked(t, f, "timens")
+	c.stdin.Close()
 	if err := c.cmd.Wait(); err != nil {
 		t.Fatalf("child: %v", err)
 	}

@@ -18,19 +18,21 @@
 // A marker is stale, and the next Acquire takes it over, when
 //   - its holder ran on this machine (same host name, boot id and PID
 //     namespace) and is provably dead: kill(pid, 0) fails with ESRCH, the
-//     process is a zombie, or its start time in /proc differs from the
-//     recorded one by more than 2s (the PID was reused) — at once, whatever
-//     the lease (Linux only); or
+//     process is a zombie, or the process with that PID started at another
+//     clock tick since boot than the recorded one (the PID was reused) — at
+//     once, whatever the lease (Linux only). No proof involves the wall
+//     clock, so a clock step never makes a live holder look dead; or
 //   - its lease (WithStaleAfter, default 30s) has run out since the last
 //     refresh, whoever and wherever the holder is.
 //
-// Holders refresh their markers in the background (one goroutine per
-// factory) inside WithLock and AsLocker, or by calling Extend after a bare
-// Acquire. A holder that has not refreshed declares the lock lost a margin
-// (a tenth of the lease, at most 2s) before its lease runs out. The same
-// goroutine reads each held marker back every eighth of its lease (at most
-// every second) and closes Done with ErrLockLost once the marker is gone or
-// no longer the holder's.
+// Holders refresh their markers in the background inside WithLock and
+// AsLocker, or by calling Extend after a bare Acquire. A holder that has not
+// refreshed declares the lock lost a margin (a tenth of the lease, at most
+// 2s) before its lease runs out, from a timer of its own that needs no I/O:
+// a refresh stalled on the disk, or on a name whose guard is stuck, does
+// not delay it. Each holder also reads its marker back every eighth of its
+// lease (at most every second) and closes Done with ErrLockLost once the
+// marker is gone or no longer the holder's.
 //
 // Exclusion holds while every contender uses this package (or its
 // protocol) on the same directory; flock(2) and link(2) behave as on a local
@@ -87,21 +89,20 @@ const (
 type Factory struct {
 	opts    lock.Options
 	err     error
-	closing chan struct{}
+	closing context.Context // done once Close is called
+	stop    context.CancelFunc
 	dirs    sync.Map // directory as given → absolute path, created
 
-	mu      sync.Mutex
-	closed  bool
-	held    map[*Holder]struct{}
-	running bool // the refresh loop is running
-	wake    chan struct{}
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	held   map[*Holder]struct{} // holders that may still do I/O
 }
 
 // NewFactory returns a factory whose options are the defaults for every
 // call. An invalid option is reported by the first Acquire.
 func NewFactory(opts ...Option) *Factory {
-	f := &Factory{closing: make(chan struct{}), held: map[*Holder]struct{}{}, wake: make(chan struct{}, 1)}
+	f := &Factory{held: map[*Holder]struct{}{}}
+	f.closing, f.stop = context.WithCancel(context.Background())
 	f.opts, f.err = lock.Apply(lock.Options{}, opts...)
 	if f.err == nil {
 		f.err = validate(&f.opts)
@@ -180,14 +181,7 @@ func (f *Factory) dir(o *lock.Options) (string, error) {
 	return abs, nil
 }
 
-func (f *Factory) isClosed() bool {
-	select {
-	case <-f.closing:
-		return true
-	default:
-		return false
-	}
-}
+func (f *Factory) isClosed() bool { return f.closing.Err() != nil }
 
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
@@ -260,7 +254,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		case <-ctx.Done():
 			timer.Stop()
 			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		case <-f.closing:
+		case <-f.closing.Done():
 			timer.Stop()
 			return nil, waited(), lock.ErrClosed
 		}
@@ -298,17 +292,20 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		}
 	}
 	if c.limit == 0 {
-		// No usable counter: look at the first marker of the other layout.
-		other := mutexPath(dir, esc)
-		if limit == 1 {
-			other = slotPath(dir, esc, 0)
-		}
-		m, live, _, err := j.examine(other)
+		// No usable counter: every marker of the name, in whatever layout
+		// and slot, says the limit it was taken under.
+		paths, err := markerFiles(dir, esc)
 		if err != nil {
 			return nil, time.Time{}, err
 		}
-		if live && m != nil && m.Limit != limit {
-			return nil, time.Time{}, mismatch(m.Limit)
+		for _, p := range paths {
+			m, live, _, err := j.examine(p)
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			if live && m != nil && m.Limit != limit {
+				return nil, time.Time{}, mismatch(m.Limit)
+			}
 		}
 	}
 
@@ -340,9 +337,6 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	}
 
 	token := nextToken(c, j.seen)
-	if err := writeCounter(g.fd, token, limit); err != nil {
-		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
-	}
 	id := self()
 	now := time.Now()
 	h := &Holder{
@@ -350,14 +344,20 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		opts: o, state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: now,
 	}
 	h.m = marker{
-		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start,
-		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS,
+		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start, StartTicks: id.ticks,
+		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS, TimeNS: id.timeNS,
 		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
 		Limit: limit, Slot: max(slot, 0), Owner: o.Owner, Meta: maps.Clone(o.Metadata),
 	}
-	h.scheduleLocked(now)
+	data := h.m.encode()
+	if len(data) > maxMarker {
+		return nil, time.Time{}, fmt.Errorf("filelock: %w: owner and metadata make a marker of %d bytes, over %d", lock.ErrInvalidOption, len(data), maxMarker)
+	}
+	if err := writeCounter(g.fd, token, limit); err != nil {
+		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
+	}
 	tmp := tempPath(dir, esc, newNonce()[:16])
-	if err := writeTemp(tmp, h.m.encode()); err != nil {
+	if err := writeTemp(tmp, data); err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: write marker: %w", err)
 	}
 	err = unix.Link(tmp, free)
@@ -369,7 +369,13 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: publish marker: %w", err)
 	}
-	if err := f.register(h); err != nil {
+	h.mu.Lock()
+	err = f.register(h)
+	if err == nil {
+		h.startLocked(now)
+	}
+	h.mu.Unlock()
+	if err != nil {
 		unix.Unlink(free)
 		return nil, time.Time{}, err
 	}
@@ -440,13 +446,6 @@ func (f *Factory) register(h *Holder) error {
 		return lock.ErrClosed
 	}
 	f.held[h] = struct{}{}
-	if !f.running {
-		f.running = true
-		f.wg.Add(1)
-		go f.loop()
-	} else {
-		f.poke()
-	}
 	return nil
 }
 
@@ -454,52 +453,6 @@ func (f *Factory) unregister(h *Holder) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.held, h)
-	if len(f.held) == 0 {
-		f.poke() // let the loop end now rather than at its next tick
-	}
-}
-
-func (f *Factory) poke() {
-	select {
-	case f.wake <- struct{}{}:
-	default:
-	}
-}
-
-// loop is the factory's one background goroutine: it refreshes
-// auto-renewing markers, reads back every held marker to notice a takeover,
-// and ends leases that ran out. It exits when nothing is held.
-func (f *Factory) loop() {
-	defer f.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	var hs []*Holder
-	for {
-		f.mu.Lock()
-		if f.closed || len(f.held) == 0 {
-			f.running = false
-			f.mu.Unlock()
-			return
-		}
-		hs = hs[:0]
-		for h := range f.held {
-			hs = append(hs, h)
-		}
-		f.mu.Unlock()
-		next := time.Now().Add(time.Hour)
-		for _, h := range hs {
-			if t := h.tick(); t.Before(next) {
-				next = t
-			}
-		}
-		clear(hs)
-		timer.Reset(time.Until(next))
-		select {
-		case <-timer.C:
-		case <-f.wake:
-		case <-f.closing:
-		}
-	}
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. The marker is
@@ -572,7 +525,11 @@ func namePaths(dir, esc string) ([]string, error) {
 			return markerPaths(dir, esc, c.limit), nil
 		}
 	}
-	// No counter to say the limit: list the directory.
+	return markerFiles(dir, esc) // no counter to say the limit
+}
+
+// markerFiles lists the marker files of esc in dir, whatever their layout.
+func markerFiles(dir, esc string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("filelock: %w", err)
@@ -667,8 +624,8 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 }
 
 // Close makes every lock held through the factory lost (their markers are
-// removed) and every waiter and later Acquire fail with lock.ErrClosed. It
-// stops the factory's background goroutine.
+// removed) and every waiter and later Acquire fail with lock.ErrClosed.
+// Once it returns, no background work of the factory touches the directory.
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	if f.closed {
@@ -676,10 +633,9 @@ func (f *Factory) Close() error {
 		return nil
 	}
 	f.closed = true
-	close(f.closing)
+	f.stop()
 	hs := slices.Collect(maps.Keys(f.held))
 	f.mu.Unlock()
-	f.wg.Wait()
 	var errs []error
 	for _, h := range hs {
 		if err := h.closeByFactory(); err != nil {

@@ -338,6 +338,10 @@ func TestProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ticks, err := strconv.ParseUint(tmpl["start_ticks"], 10, 64)
+	if err != nil {
+		t.Fatalf("start_ticks %q: %v", tmpl["start_ticks"], err)
+	}
 	for _, tc := range []struct {
 		what  string
 		edits map[string]string
@@ -346,11 +350,14 @@ func TestProbe(t *testing.T) {
 		{"live process", map[string]string{}, true},
 		{"live process, start time 1s off", map[string]string{"start": ts(start.Add(time.Second))}, true},
 		{"dead process", map[string]string{"pid": strconv.Itoa(deadPID(t))}, false},
-		{"reused PID", map[string]string{"start": ts(start.Add(-time.Hour))}, false},
+		{"live process, start time 1h off (a clock step)", map[string]string{"start": ts(start.Add(-time.Hour))}, true},
+		{"reused PID", map[string]string{"start_ticks": strconv.FormatUint(ticks+1, 10)}, false},
+		{"older marker (no start ticks), start time 1h off", map[string]string{"start_ticks": "", "start": ts(start.Add(-time.Hour))}, true},
+		{"older marker (no start ticks), dead process", map[string]string{"start_ticks": "", "pid": strconv.Itoa(deadPID(t))}, false},
 		{"dead process, other boot", map[string]string{"pid": strconv.Itoa(deadPID(t)), "boot_id": "another-boot"}, true},
 		{"dead process, other PID namespace", map[string]string{"pid": strconv.Itoa(deadPID(t)), "pid_ns": "pid:[1]"}, true},
 		{"dead process, other host", map[string]string{"pid": strconv.Itoa(deadPID(t)), "host": "elsewhere"}, true},
-		{"no start time", map[string]string{"start": ""}, true},
+		{"no start time", map[string]string{"start": "", "start_ticks": ""}, true},
 	} {
 		edits := map[string]string{"nonce": "planted", "expires": later}
 		maps.Copy(edits, tc.edits)

@@ -18,14 +18,12 @@ import (
 // errNotOurs: the marker is gone or carries another holder's nonce.
 var errNotOurs = errors.New("filelock: marker is not ours")
 
-// refreshWait bounds how long a background refresh waits for the name's
-// guard before trying again later.
-const refreshWait = 250 * time.Millisecond
-
-// never is a time no schedule reaches.
-var never = time.Now().Add(100 * 365 * 24 * time.Hour)
-
 // Holder is one held lock or semaphore permit: one marker file.
+//
+// Two timers of its own drive it. expiry fires at the deadline and ends the
+// lock without I/O or h.mu, so neither a refresh stuck on the disk nor a
+// name whose guard is stuck can delay it; visits refreshes and reads back
+// the marker, and waits for nothing but this holder's name.
 type Holder struct {
 	f     *Factory
 	name  string
@@ -45,6 +43,9 @@ type Holder struct {
 	deadline    time.Time  // declare the lock lost at this time unless refreshed
 	nextRefresh time.Time
 	nextCheck   time.Time
+	expiry      *time.Timer // at deadline: expire
+	visits      *time.Timer // at the next refresh or check: visit
+	over        bool        // no more disk work: released, or lost and cleaned up
 }
 
 // Token is the fencing token, strictly increasing per name.
@@ -74,17 +75,18 @@ func (h *Holder) Release() error {
 	if h.state.Ended() {
 		return h.state.Err()
 	}
+	h.finishLocked()
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
-	err := h.removeLocked(ctx, nil)
+	err := h.removeLocked(ctx)
 	if errors.Is(err, errNotOurs) {
-		h.loseLocked(fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path))
+		h.lose(h.takenOver())
 		return h.state.Err()
 	}
-	h.f.unregister(h)
-	if h.state.End() {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+	if !h.state.End() {
+		return h.state.Err() // the deadline fired meanwhile
 	}
+	h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	return err
 }
 
@@ -108,16 +110,27 @@ func (h *Holder) extendLocked(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: released", ErrLockLost)
 	}
-	if !time.Now().Before(h.deadline) {
-		h.expireLocked()
+	if !time.Now().Before(h.deadline) { // its timer is about to fire
+		h.lose(h.expired())
+		h.dropLocked()
+		h.finishLocked()
 		return h.state.Err()
 	}
 	err := h.refreshLocked(ctx)
 	if errors.Is(err, errNotOurs) {
-		h.loseLocked(fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path))
+		h.lose(h.takenOver())
+		h.finishLocked()
 		return h.state.Err()
 	}
 	return err
+}
+
+// startLocked sets the schedule of a marker written at now and starts the
+// holder's timers.
+func (h *Holder) startLocked(now time.Time) {
+	h.scheduleLocked(now)
+	h.expiry = time.AfterFunc(time.Until(h.deadline), h.expire)
+	h.visits = time.AfterFunc(time.Until(h.nextVisitLocked()), h.visit)
 }
 
 // scheduleLocked sets the deadlines that follow a refresh at now.
@@ -125,6 +138,22 @@ func (h *Holder) scheduleLocked(now time.Time) {
 	h.deadline = now.Add(h.ttl - margin(h.ttl))
 	h.nextRefresh = now.Add(refreshEvery(h.ttl))
 	h.nextCheck = now.Add(checkEvery(h.ttl))
+}
+
+func (h *Holder) nextVisitLocked() time.Time {
+	if h.renew && h.nextRefresh.Before(h.nextCheck) {
+		return h.nextRefresh
+	}
+	return h.nextCheck
+}
+
+// finishLocked ends the holder's disk work: its timers stop, and a timer
+// that already fired finds over set and does nothing.
+func (h *Holder) finishLocked() {
+	h.over = true
+	h.expiry.Stop()
+	h.visits.Stop()
+	h.f.unregister(h)
 }
 
 // refreshLocked rewrites the marker with a new refresh time, only if it is
@@ -148,11 +177,20 @@ func (h *Holder) refreshLocked(ctx context.Context) error {
 	if err := h.oursLocked(); err != nil {
 		return err
 	}
+	if h.state.Ended() {
+		return h.state.Err() // the deadline passed while the refresh was on its way
+	}
 	if err := unix.Rename(tmp, h.path); err != nil {
 		return fmt.Errorf("filelock: refresh marker: %w", err)
 	}
 	h.m = m
+	if !h.expiry.Stop() {
+		// The deadline fired after all: the lock is lost, and expire
+		// removes the marker once we let go of h.mu.
+		return h.expired()
+	}
 	h.scheduleLocked(now)
+	h.expiry.Reset(time.Until(h.deadline))
 	return nil
 }
 
@@ -171,9 +209,7 @@ func (h *Holder) oursLocked() error {
 }
 
 // removeLocked removes the marker under the guard if it is still ours.
-// before, if set, runs under the guard just before the removal: a lock that
-// ends by loss is reported lost before anyone can take the name.
-func (h *Holder) removeLocked(ctx context.Context, before func()) error {
+func (h *Holder) removeLocked(ctx context.Context) error {
 	g, err := lockGuard(ctx, h.dir, h.esc)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -185,9 +221,6 @@ func (h *Holder) removeLocked(ctx context.Context, before func()) error {
 	if err := h.oursLocked(); err != nil {
 		return err
 	}
-	if before != nil {
-		before()
-	}
 	if err := unix.Unlink(h.path); err != nil && err != unix.ENOENT {
 		return fmt.Errorf("filelock: remove marker: %w", err)
 	}
@@ -195,91 +228,98 @@ func (h *Holder) removeLocked(ctx context.Context, before func()) error {
 	return nil
 }
 
-// tick is the loop's visit: it ends a lease that ran out, refreshes an
-// auto-renewing marker when due, or reads the marker back to notice a
-// takeover. It returns when it next needs a visit.
-func (h *Holder) tick() time.Time {
+// dropLocked removes the marker of a lock that was lost, if it is still
+// ours, so that others need not wait for its lease; no longer than until
+// the lease ends, when anyone may take it over anyway.
+func (h *Holder) dropLocked() {
+	ctx, cancel := context.WithDeadline(h.f.closing, h.m.Expires)
+	defer cancel()
+	h.removeLocked(ctx)
+}
+
+// visit runs on the visits timer: it refreshes an auto-renewing marker when
+// due, or reads the marker back to notice a takeover, and sets the timer
+// for the next visit.
+func (h *Holder) visit() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state.Ended() {
-		return never
+	if h.over || h.state.Ended() {
+		return
 	}
 	now := time.Now()
-	if !now.Before(h.deadline) {
-		h.expireLocked()
-		return never
-	}
 	switch {
 	case h.renew && !now.Before(h.nextRefresh):
-		// A guard that stays taken (its holder stopped inside it) must not
-		// stall the refreshes of the factory's other locks.
-		until := now.Add(refreshWait)
-		if h.deadline.Before(until) {
-			until = h.deadline
-		}
-		ctx, cancel := context.WithDeadline(h.ctx, until)
-		start := time.Now()
+		// A refresh that ends after the deadline is of no use: the lock is
+		// lost by then. Close ends it too.
+		ctx, cancel := context.WithDeadline(h.f.closing, h.deadline)
 		err := h.refreshLocked(ctx)
 		cancel()
 		if errors.Is(err, errNotOurs) {
-			h.loseLocked(fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path))
-			return never
+			h.lose(h.takenOver())
+			h.finishLocked()
+			return
+		}
+		if h.state.Ended() {
+			return // expire, waiting for h.mu, cleans up
 		}
 		if err != nil {
 			// Try again soon; the deadline ends the lock if this goes on.
 			h.nextRefresh = now.Add(checkEvery(h.ttl))
-			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(now), Err: err})
 		}
 	case !now.Before(h.nextCheck):
 		if err := h.oursLocked(); errors.Is(err, errNotOurs) {
-			h.loseLocked(fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path))
-			return never
+			h.lose(h.takenOver())
+			h.finishLocked()
+			return
 		}
 		h.nextCheck = now.Add(checkEvery(h.ttl))
 	}
-	next := h.deadline
-	if h.nextCheck.Before(next) {
-		next = h.nextCheck
-	}
-	if h.renew && h.nextRefresh.Before(next) {
-		next = h.nextRefresh
-	}
-	return next
+	h.visits.Reset(time.Until(h.nextVisitLocked()))
 }
 
-// expireLocked ends a lock whose lease ran out before it was refreshed: the
-// holder learns first, then the marker, if still ours, is removed so others
-// need not wait for the margin to pass.
-func (h *Holder) expireLocked() {
-	lose := func() { h.loseLocked(fmt.Errorf("%w: not refreshed within the stale window (%v)", ErrLockLost, h.ttl)) }
-	// Briefly: this runs on the factory's loop. A marker left behind is
-	// taken over as stale by the next Acquire anyway.
-	ctx, cancel := context.WithTimeout(h.ctx, refreshWait)
-	defer cancel()
-	h.removeLocked(ctx, lose)
-	lose() // if the marker was not ours any more, or could not be removed
+// expire runs on the expiry timer, at the deadline: the holder learns at
+// once — no I/O, no h.mu, so a refresh stalled on the disk or on a guard
+// cannot delay it — and then the marker, if still ours, is removed.
+func (h *Holder) expire() {
+	h.lose(h.expired())
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.over {
+		return
+	}
+	h.dropLocked()
+	h.finishLocked()
 }
 
-func (h *Holder) loseLocked(err error) {
-	h.f.unregister(h)
+func (h *Holder) expired() error {
+	return fmt.Errorf("%w: not refreshed within the stale window (%v)", ErrLockLost, h.ttl)
+}
+
+func (h *Holder) takenOver() error {
+	return fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path)
+}
+
+// lose ends the lock with err; it needs no lock and does no I/O.
+func (h *Holder) lose(err error) {
 	if h.state.Lose(err) {
 		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }
 
-// closeByFactory ends the lock when its factory closes.
+// closeByFactory ends the lock when its factory closes: lost at once, then
+// the marker removed if still ours.
 func (h *Holder) closeByFactory() error {
+	h.lose(fmt.Errorf("%w: factory closed", ErrLockLost))
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state.Ended() {
+	if h.over {
 		return nil
 	}
-	lose := func() { h.loseLocked(fmt.Errorf("%w: factory closed", ErrLockLost)) }
+	defer h.finishLocked()
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
-	err := h.removeLocked(ctx, lose)
-	lose()
-	if err != nil && !errors.Is(err, errNotOurs) {
+	if err := h.removeLocked(ctx); err != nil && !errors.Is(err, errNotOurs) {
 		return err
 	}
 	return nil

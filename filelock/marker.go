@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -86,10 +85,12 @@ type marker struct {
 	Token      uint64
 	Nonce      string // unique per acquisition: what makes a marker ours
 	PID        int
-	Start      time.Time // start time of the holder process
+	Start      time.Time // start time of the holder process, for people
+	StartTicks uint64    // the same in clock ticks after boot, for the probe
 	Host       string
 	BootID     string
 	PIDNS      string
+	TimeNS     string
 	Acquired   time.Time
 	Refreshed  time.Time
 	Expires    time.Time
@@ -122,9 +123,15 @@ func (m *marker) encode() []byte {
 	kv("nonce", m.Nonce)
 	kv("pid", strconv.Itoa(m.PID))
 	kv("start", ts(m.Start))
+	if m.StartTicks != 0 {
+		kv("start_ticks", strconv.FormatUint(m.StartTicks, 10))
+	}
 	kv("host", m.Host)
 	kv("boot_id", m.BootID)
 	kv("pid_ns", m.PIDNS)
+	if m.TimeNS != "" {
+		kv("time_ns", m.TimeNS)
+	}
 	kv("acquired", ts(m.Acquired))
 	kv("refreshed", ts(m.Refreshed))
 	kv("expires", ts(m.Expires))
@@ -239,12 +246,18 @@ func (m *marker) set(key, v string) error {
 		m.PID = int(p)
 	case "start":
 		m.Start, err = tm()
+	case "start_ticks":
+		if v != "" {
+			m.StartTicks, err = strconv.ParseUint(v, 10, 64)
+		}
 	case "host":
 		m.Host = v
 	case "boot_id":
 		m.BootID = v
 	case "pid_ns":
 		m.PIDNS = v
+	case "time_ns":
+		m.TimeNS = v
 	case "acquired":
 		m.Acquired, err = tm()
 	case "refreshed":
@@ -278,6 +291,9 @@ func readMarker(path string) (m *marker, mtime time.Time, err error) {
 	}
 	mtime = time.Unix(st.Mtim.Unix())
 	data, err := readAll(fd, int(st.Size))
+	if err == errTooBig {
+		return nil, mtime, nil // not one of ours: judged like any unreadable marker
+	}
 	if err != nil {
 		return nil, mtime, err
 	}
@@ -287,6 +303,11 @@ func readMarker(path string) (m *marker, mtime time.Time, err error) {
 	}
 	return m, mtime, nil
 }
+
+// maxMarker is the size of the largest marker written or read.
+const maxMarker = 1 << 20
+
+var errTooBig = errors.New("filelock: marker over 1 MiB")
 
 func readAll(fd int, size int) ([]byte, error) {
 	buf := make([]byte, 0, max(size, 512)+1)
@@ -305,8 +326,8 @@ func readAll(fd int, size int) ([]byte, error) {
 		if len(buf) == cap(buf) {
 			buf = slices.Grow(buf, cap(buf))
 		}
-		if len(buf) > 1<<20 {
-			return nil, io.ErrShortBuffer // not one of our markers
+		if len(buf) > maxMarker {
+			return nil, errTooBig
 		}
 	}
 }
@@ -334,6 +355,10 @@ func writeAll(fd int, data []byte) error {
 	return nil
 }
 
+// syncFile syncs the file being written at path; tests wrap it to stall or
+// fail the disk.
+var syncFile = func(path string, fd int) error { return unix.Fsync(fd) }
+
 // writeTemp writes data to a new temporary file and syncs it, so that the
 // link or rename that follows makes a complete file visible.
 func writeTemp(path string, data []byte) error {
@@ -343,7 +368,7 @@ func writeTemp(path string, data []byte) error {
 	}
 	err = writeAll(fd, data)
 	if err == nil {
-		err = unix.Fsync(fd)
+		err = syncFile(path, fd)
 	}
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr

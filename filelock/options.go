@@ -62,8 +62,7 @@ func WithWait() Option { return lock.WithWait() }
 
 // WithAutoRenew turns background refreshing of the marker on or off. It is
 // on inside WithLock and AsLocker and off for a bare Acquire, whose caller
-// refreshes with Extend. One goroutine per factory refreshes every held
-// lock.
+// refreshes with Extend. Each held lock is refreshed on a timer of its own.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
 // WithOwner records who holds the lock (a job or trace id) in the marker,

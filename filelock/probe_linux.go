@@ -15,20 +15,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// startTolerance is how far a process's start time, as recomputed from
-// /proc, may differ from the one its marker records and still be the same
-// process. Boot time in /proc/stat moves with clock adjustments and start
-// times are rounded to clock ticks, so an exact comparison could call a live
-// holder dead; a reused PID starts far later than 2s after the original.
-const startTolerance = 2 * time.Second
-
 // identity is what a marker records about the process that wrote it.
 type identity struct {
-	pid    int
-	start  time.Time
-	host   string
-	bootID string // /proc/sys/kernel/random/boot_id: which boot of which machine
-	pidNS  string // the PID namespace: PIDs mean something only inside one
+	pid     int
+	ticks   uint64    // start time in clock ticks after boot: with the boot id, it names the process
+	start   time.Time // the same as a wall-clock time, for people reading the marker
+	host    string
+	bootID  string // /proc/sys/kernel/random/boot_id: which boot of which machine
+	pidNS   string // the PID namespace: PIDs mean something only inside one
+	timeNS  string // the time namespace: start ticks count from its boot time
+	ownProc bool   // /proc is this PID namespace's, so /proc/<pid> is the process pid names here
 }
 
 var self = sync.OnceValue(func() identity {
@@ -38,11 +34,38 @@ var self = sync.OnceValue(func() identity {
 		id.bootID = strings.TrimSpace(string(b))
 	}
 	id.pidNS, _ = os.Readlink("/proc/self/ns/pid")
-	if st, err := procStat(id.pid); err == nil {
-		id.start = st.start
+	id.timeNS, _ = os.Readlink("/proc/self/ns/time")
+	// /proc/self is this process in any /proc, even another namespace's.
+	if st, err := procStat("self"); err == nil {
+		id.ticks = st.ticks
+		if bt := bootTime(); !bt.IsZero() {
+			id.start = bt.Add(time.Duration(st.ticks) * time.Second / time.Duration(clockTicks()))
+		}
 	}
+	id.ownProc = ownProc(id.pid)
 	return id
 })
+
+// ownProc reports whether /proc shows the PIDs of this process's namespace.
+// A namespace made without mounting its own /proc (unshare --pid without
+// --mount-proc) sees its parent's, where /proc/<pid> is some other process.
+// NSpid lists the process's PID in every namespace from /proc's down to its
+// own: one entry, ours, only when /proc is our namespace's.
+func ownProc(pid int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(v)
+			return len(f) == 1 && f[0] == strconv.Itoa(pid)
+		}
+	}
+	// Kernels before 4.1 have no NSpid: /proc/self names us by /proc's PID.
+	l, err := os.Readlink("/proc/self")
+	return err == nil && l == strconv.Itoa(pid)
+}
 
 // sameMachine reports whether m's PID can be probed from here: same host
 // name, same boot and same PID namespace. Anything else — another host, a
@@ -55,7 +78,9 @@ func sameMachine(m *marker) bool {
 
 // holderGone reports whether the process that wrote m is provably dead. It
 // answers false whenever it cannot be sure, leaving the marker to its stale
-// window.
+// window. Its proofs involve no clock: the PID is free, its process is a
+// zombie, or it started at another tick since boot than the holder did (the
+// PID was reused).
 func holderGone(m *marker) bool {
 	if m.PID <= 0 || !sameMachine(m) {
 		return false
@@ -67,33 +92,36 @@ func holderGone(m *marker) bool {
 	default:
 		return false
 	}
-	st, err := procStat(m.PID)
+	if !self().ownProc {
+		return false // /proc/<pid> would be another namespace's process
+	}
+	st, err := procStat(strconv.Itoa(m.PID))
 	if errors.Is(err, fs.ErrNotExist) {
 		return true // exited since kill(2) saw it
 	}
-	if err != nil || st.start.IsZero() {
+	if err != nil {
 		return false
 	}
 	if st.zombie && st.threads <= 1 {
 		return true // exited, not yet reaped by its parent
 	}
-	if m.Start.IsZero() {
-		return false
-	}
-	d := st.start.Sub(m.Start)
-	return d > startTolerance || d < -startTolerance // the PID was reused
+	// A marker without start ticks (older versions, or a holder that could
+	// not read /proc) records its start only as a wall-clock time, which a
+	// clock step shifts: it is left to its stale window. So is one from
+	// another time namespace, whose ticks count from another boot time.
+	return m.StartTicks != 0 && m.TimeNS == self().timeNS && st.ticks != m.StartTicks
 }
 
 type stat struct {
-	start   time.Time
+	ticks   uint64
 	zombie  bool
 	threads int
 }
 
 // procStat reads /proc/<pid>/stat: state (field 3), num_threads (20) and
 // starttime (22, clock ticks after boot).
-func procStat(pid int) (stat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+func procStat(pid string) (stat, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
 		return stat{}, err
 	}
@@ -109,19 +137,12 @@ func procStat(pid int) (stat, error) {
 	var st stat
 	st.zombie = f[0] == "Z" || f[0] == "X"
 	st.threads, _ = strconv.Atoi(f[17])
-	ticks, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return stat{}, err
-	}
-	bt, hz := bootTime(), clockTicks()
-	if !bt.IsZero() {
-		st.start = bt.Add(time.Duration(ticks) * time.Second / time.Duration(hz))
-	}
-	return st, nil
+	st.ticks, err = strconv.ParseUint(f[19], 10, 64)
+	return st, err
 }
 
-// bootTime is btime from /proc/stat. It is read once per process: a
-// holder's start time and the probe's are then computed alike.
+// bootTime is btime from /proc/stat (wall clock minus uptime, so it moves
+// when the clock is stepped): only for the readable start time.
 var bootTime = sync.OnceValue(func() time.Time {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {

@@ -11,10 +11,12 @@ import (
 // identity is what a marker records about the process that wrote it.
 type identity struct {
 	pid    int
+	ticks  uint64
 	start  time.Time
 	host   string
 	bootID string
 	pidNS  string
+	timeNS string
 }
 
 var self = sync.OnceValue(func() identity {
