@@ -84,17 +84,23 @@ func testRenewal(t *testing.T, c Client) *Factory {
 }
 
 // startCluster3 runs a Redis Cluster of three masters, without replicas, on
-// ports base, base+1 and base+2, the slots split evenly. The masters keep
+// free ports, the slots split evenly. The masters keep
 // serving their slots while another is down.
-func startCluster3(t *testing.T, base int) []*server {
+func startCluster3(t *testing.T) []*server {
 	t.Helper()
 	dir := t.TempDir()
 	var nodes []*server
 	var admins []*redis.Client
-	for i := range 3 {
-		port := base + i
+	var buses []int
+	for range 3 {
+		// Free ports for clients and for the cluster bus (by default the
+		// client port + 10000, which may be taken or out of range), so
+		// that two runs of the tests at once do not collide.
+		port, bus := freePort(t), freePort(t)
+		buses = append(buses, bus)
 		conf := filepath.Join(dir, "nodes-"+strconv.Itoa(port)+".conf")
 		srv := startServerOn(t, port, "--cluster-enabled", "yes", "--cluster-config-file", conf,
+			"--cluster-port", strconv.Itoa(bus),
 			"--cluster-require-full-coverage", "no", "--cluster-node-timeout", "5000")
 		nodes = append(nodes, srv)
 		admins = append(admins, dial(t, srv.addr()))
@@ -106,7 +112,7 @@ func startCluster3(t *testing.T, base int) []*server {
 			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
 		}
 		if i > 0 {
-			if err := admins[0].ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(nodes[i].port)).Err(); err != nil {
+			if err := admins[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", nodes[i].port, buses[i]).Err(); err != nil {
 				t.Fatalf("CLUSTER MEET: %v", err)
 			}
 		}
@@ -128,7 +134,7 @@ func startCluster3(t *testing.T, base int) []*server {
 // masters killed, the locks on the two live ones stay held through several
 // TTLs, while those on the dead one are lost at their deadline.
 func TestClusterDeadMasterLosesOnlyItsLocks(t *testing.T) {
-	nodes := startCluster3(t, 27001)
+	nodes := startCluster3(t)
 	var addrs []string
 	for _, n := range nodes {
 		addrs = append(addrs, n.addr())

@@ -64,13 +64,18 @@ func startServer(t testing.TB, extra ...string) *server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}
+	return startServerOn(t, freePort(t), extra...)
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return startServerOn(t, port, extra...)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startServerOn is startServer on a given port, which must be free.
