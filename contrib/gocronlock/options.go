@@ -59,9 +59,18 @@ func (c *config) invalid(format string, args ...any) {
 // nonNegative is the Option named name that sets the duration at field to
 // d, or reports d invalid if it is negative.
 func nonNegative(name string, d time.Duration, field func(*config) *time.Duration) Option {
+	return bounded(name, d, d >= 0, "must not be negative", field)
+}
+
+// positive is nonNegative for options where 0 makes no sense either.
+func positive(name string, d time.Duration, field func(*config) *time.Duration) Option {
+	return bounded(name, d, d > 0, "must be positive", field)
+}
+
+func bounded(name string, d time.Duration, ok bool, rule string, field func(*config) *time.Duration) Option {
 	return func(c *config) {
-		if d < 0 {
-			c.invalid("%s(%v): must not be negative", name, d)
+		if !ok {
+			c.invalid("%s(%v): %s", name, d, rule)
 			return
 		}
 		*field(c) = d
@@ -127,13 +136,7 @@ func WithAllowFuncNames() Option { return func(c *config) { c.anyName = true } }
 // Default: 1s. A lock.Locker built with WithWait needs no polling: its
 // Acquire returns as soon as the lock is free.
 func WithRetryInterval(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.invalid("WithRetryInterval(%v): must be positive", d)
-			return
-		}
-		c.retry = d
-	}
+	return positive("WithRetryInterval", d, func(c *config) *time.Duration { return &c.retry })
 }
 
 // WithTakeoverDelay makes an Elector that has just won the lock wait d
@@ -154,13 +157,7 @@ func WithTakeoverDelay(d time.Duration) Option {
 // lock.ErrLocked. d must be positive. Default: 5s. It does not apply to an
 // Elector, whose campaign waits on purpose.
 func WithLockTimeout(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.invalid("WithLockTimeout(%v): must be positive", d)
-			return
-		}
-		c.lockTimeout = d
-	}
+	return positive("WithLockTimeout", d, func(c *config) *time.Duration { return &c.lockTimeout })
 }
 
 // WithLogger sets where the Locker and Elector log (rejected job names and
