@@ -320,6 +320,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 			poll.Stop()
 		}
 	}()
+	lostOnce := false // the last attempt's session ended under it
 	for {
 		var wake chan struct{}
 		if o.Wait {
@@ -331,10 +332,21 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 			wake = e.wake
 			f.mu.Unlock()
 		}
+		gen := s.generation()
 		h, err := f.try(ctx, s, e, o)
 		if w != nil && err != nil && ctx.Err() != nil {
 			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
 		}
+		if o.Wait && err != nil && !errors.Is(err, ErrLocked) && s.generation() != gen && !lostOnce {
+			// The session ended under the attempt (terminated, or its
+			// connection cut) and Postgres freed all it held: a waiter
+			// tries again on the next session, once. A second loss in a
+			// row (a session that cannot work: a pooler, a dying server)
+			// is returned.
+			lostOnce = true
+			continue
+		}
+		lostOnce = false
 		if err == nil || !errors.Is(err, ErrLocked) || !o.Wait {
 			return h, waited(), err
 		}
