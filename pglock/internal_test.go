@@ -147,7 +147,10 @@ func TestIdleListenerCloses(t *testing.T) {
 		}
 		got <- err
 	}()
-	for !f.lis.isRunning() {
+	for start := time.Now(); !f.lis.isRunning(); {
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("the listener did not start for a waiting Acquire")
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	h.Release()
