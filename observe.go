@@ -3,7 +3,6 @@ package lock
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"time"
 )
 
@@ -81,42 +80,3 @@ type ObserverFunc func(ctx context.Context, e Event)
 
 // Observe calls f(ctx, e).
 func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
-
-// Report logs e and hands it to the observer. Backends call it once per
-// operation; the outcome is derived from e.Err when left empty.
-func (o *Options) Report(ctx context.Context, e Event) {
-	if e.Outcome == "" {
-		e.Outcome = OutcomeOf(e.Err)
-	}
-	if o.Observer != nil {
-		o.Observer.Observe(ctx, e)
-	}
-	level := slog.LevelDebug
-	switch {
-	case e.Op == OpLost, e.Outcome == OutcomeError, e.Outcome == OutcomeLost:
-		level = slog.LevelWarn
-	}
-	log := o.Log()
-	if !log.Enabled(ctx, level) {
-		return
-	}
-	attrs := []slog.Attr{
-		slog.String("backend", e.Backend),
-		slog.String("name", e.Name),
-		slog.String("outcome", string(e.Outcome)),
-		slog.Duration("latency", e.Latency),
-	}
-	if e.Token != 0 {
-		attrs = append(attrs, slog.Uint64("token", e.Token))
-	}
-	if e.Wait != 0 {
-		attrs = append(attrs, slog.Duration("wait", e.Wait))
-	}
-	if e.Held != 0 {
-		attrs = append(attrs, slog.Duration("held", e.Held))
-	}
-	if e.Err != nil {
-		attrs = append(attrs, slog.Any("err", e.Err))
-	}
-	log.LogAttrs(ctx, level, "lock "+string(e.Op), attrs...)
-}

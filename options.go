@@ -25,10 +25,9 @@ type Options struct {
 	Owner         string            // who holds the lock, for operators (a trace or job id)
 	Metadata      map[string]string // free-form, shown by Inspect and in markers
 	AutoRenew     *bool             // renew leases in the background; nil means the backend's default
-	Logger        *slog.Logger      // nil: slog.Default(); see WithLogger
+	Logger        *slog.Logger      // nil: slog.Default(); WithLogger(nil) sets one that discards
 	Observer      Observer          // metrics and tracing hook; nil: none
 
-	noLog  bool
 	values map[any]any
 	errs   []error
 }
@@ -72,19 +71,6 @@ func (o *Options) Renew(dflt bool) bool {
 	}
 	return *o.AutoRenew
 }
-
-// Log returns the logger to report through, never nil.
-func (o *Options) Log() *slog.Logger {
-	switch {
-	case o.noLog:
-		return discard
-	case o.Logger != nil:
-		return o.Logger
-	}
-	return slog.Default()
-}
-
-var discard = slog.New(slog.DiscardHandler)
 
 // Value returns the backend-specific setting stored under key by WithValue,
 // or nil.
@@ -161,7 +147,10 @@ func WithAutoRenew(on bool) Option { return func(o *Options) { o.AutoRenew = &on
 // logged at Debug, failures at Warn, lost locks at Warn. A nil logger turns
 // logging off.
 func WithLogger(l *slog.Logger) Option {
-	return func(o *Options) { o.Logger, o.noLog = l, l == nil }
+	if l == nil {
+		l = discard
+	}
+	return func(o *Options) { o.Logger = l }
 }
 
 // WithObserver sets the hook that receives an Event for every operation,
@@ -179,3 +168,5 @@ func WithValue(key, value any) Option {
 		o.values[key] = value
 	}
 }
+
+var discard = slog.New(slog.DiscardHandler)

@@ -9,7 +9,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -152,14 +151,6 @@ func endedBy(ctx context.Context, err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Cause(ctx))
 }
 
-// Reported reports whether an event that is not an error or a loss goes
-// anywhere, as lock.Options.Report decides: to an observer, or to a logger
-// that logs at debug level. A backend can skip the work of such an event
-// (clock reads, building it) when it does not.
-func Reported(ctx context.Context, o *lock.Options) bool {
-	return o.Observer != nil || o.Log().Enabled(ctx, slog.LevelDebug)
-}
-
 // verbatim reports whether Escape keeps name as it is.
 func verbatim(name string) bool {
 	if len(name) > maxEscaped {
@@ -178,17 +169,6 @@ func safe(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }
 
-// ResolveShared is Resolve for the hot path: a call without options of
-// its own gets dflt itself, not a copy, so it allocates nothing. The
-// caller must not change what it gets.
-func ResolveShared(dflt *lock.Options, dfltErr error, name string, opts []lock.Option, check func(*lock.Options) error) (*lock.Options, error) {
-	if len(opts) == 0 && dfltErr == nil && (check == nil || check(dflt) == nil) {
-		return dflt, lock.ValidateName(name)
-	}
-	o, err := Resolve(*dflt, dfltErr, name, opts, check)
-	return &o, err
-}
-
 // CheckStore is what a Fence or Ledger method checks before it sends
 // anything: the store's own configuration error, ctx, and the key, which
 // must be a valid lock name.
@@ -202,37 +182,30 @@ func CheckStore(ctx context.Context, storeErr error, key string) error {
 	return lock.ValidateName(key)
 }
 
-// Acquire is the frame of a factory's Acquire: it resolves the call's
-// options, runs take with them (and the time the call began) unless that
-// failed, and reports the outcome as one lock.OpAcquire event (latency
-// from the call, the wait take reports, the token) through the resolved
-// options. take returns the wait it spent queued.
+// A Call names one Acquire for Finish.
+type Call struct {
+	Backend string    // the backend's name, for the event
+	Name    string    // the lock name
+	Locked  error     // the backend's ErrLocked, which a WaitError wraps
+	Start   time.Time // when the call began
+}
+
+// Finish ends a factory's Acquire: it applies the WaitError rule and
+// reports the outcome as one lock.OpAcquire event (latency from c.Start,
+// the wait spent queued, the token) through o. It returns h and the
+// error to give the caller.
 //
 // With WithWait, an error that comes from ctx ending — before the first
 // attempt, during one, or while queued — is returned as a lock.WaitError
-// on locked, the backend's ErrLocked, so that every backend answers a wait
-// that gave up alike.
-func Acquire[H lock.Holder](ctx context.Context, backendName string, locked error, name string, resolve func() (*lock.Options, error), take func(o *lock.Options, start time.Time) (H, time.Duration, error)) (H, error) {
-	start := time.Now()
-	o, err := resolve()
-	if o == nil {
-		o = &lock.Options{}
+// on c.Locked, so that every backend answers a wait that gave up alike.
+func Finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wait time.Duration, err error) (H, error) {
+	if err != nil && o.Wait && endedBy(ctx, err) {
+		err = lock.NewWaitError(c.Locked, ctx)
 	}
-	var h H
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = take(o, start)
-		if err != nil && o.Wait && endedBy(ctx, err) {
-			err = lock.NewWaitError(locked, ctx)
-		}
-	}
-	if err == nil && !Reported(ctx, o) {
-		return h, nil // spares building an event nobody receives
-	}
-	e := lock.Event{Backend: backendName, Op: lock.OpAcquire, Name: name, Latency: time.Since(start), Wait: wait, Err: err}
+	e := lock.Event{Backend: c.Backend, Op: lock.OpAcquire, Name: c.Name, Latency: time.Since(c.Start), Wait: wait, Err: err}
 	if err == nil {
 		e.Token = h.Token()
 	}
-	o.Report(ctx, e)
+	Report(ctx, o, e)
 	return h, err
 }

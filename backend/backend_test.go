@@ -75,29 +75,19 @@ type tokenHolder struct{ lock.Holder }
 
 func (tokenHolder) Token() uint64 { return 7 }
 
-// Acquire reports one event per call: the outcome, the token of a holder,
-// the wait take spent, and an error from resolving without calling take.
-func TestAcquireReports(t *testing.T) {
+// Finish reports one event per call: the outcome, the token of a holder,
+// the wait, and an error.
+func TestFinishReports(t *testing.T) {
 	var events []lock.Event
 	o := &lock.Options{Observer: lock.ObserverFunc(func(_ context.Context, e lock.Event) { events = append(events, e) })}
-	resolve := func() (*lock.Options, error) { return o, nil }
-	h, err := backend.Acquire(context.Background(), "toy", lock.ErrLocked, "a", resolve, func(_ *lock.Options, start time.Time) (tokenHolder, time.Duration, error) {
-		if start.IsZero() {
-			t.Error("take got no start time")
-		}
-		return tokenHolder{}, time.Millisecond, nil
-	})
+	ctx := context.Background()
+	h, err := backend.Finish(ctx, backend.Call{Backend: "toy", Name: "a", Locked: lock.ErrLocked, Start: time.Now()}, o, tokenHolder{}, time.Millisecond, nil)
 	if err != nil || h.Token() != 7 {
-		t.Fatalf("Acquire = %v, %v", h, err)
+		t.Fatalf("Finish = %v, %v", h, err)
 	}
 	bad := errors.New("bad option")
-	_, err = backend.Acquire(context.Background(), "toy", lock.ErrLocked, "b", func() (*lock.Options, error) { return o, bad },
-		func(*lock.Options, time.Time) (tokenHolder, time.Duration, error) {
-			t.Error("take ran after resolve failed")
-			return tokenHolder{}, 0, nil
-		})
-	if err != bad {
-		t.Fatalf("Acquire after a bad option = %v", err)
+	if _, err = backend.Finish(ctx, backend.Call{Backend: "toy", Name: "b", Locked: lock.ErrLocked, Start: time.Now()}, o, tokenHolder{}, 0, bad); err != bad {
+		t.Fatalf("Finish of an error = %v", err)
 	}
 	if len(events) != 2 {
 		t.Fatalf("%d events, want 2: %+v", len(events), events)
@@ -105,7 +95,7 @@ func TestAcquireReports(t *testing.T) {
 	if e := events[0]; e.Backend != "toy" || e.Op != lock.OpAcquire || e.Name != "a" || e.Token != 7 || e.Wait != time.Millisecond || e.Outcome != lock.OutcomeOK {
 		t.Errorf("success event = %+v", e)
 	}
-	if e := events[1]; e.Name != "b" || e.Err != bad || e.Outcome != lock.OutcomeError {
+	if e := events[1]; e.Name != "b" || e.Err != bad || e.Outcome != lock.OutcomeError || e.Token != 0 {
 		t.Errorf("error event = %+v", e)
 	}
 }
@@ -113,26 +103,22 @@ func TestAcquireReports(t *testing.T) {
 // With WithWait, an error that is ctx's ending is a WaitError on the
 // backend's ErrLocked, whether the wait began or not; without it, or for
 // another error, the error is left as it is.
-func TestAcquireWaitEndedByContext(t *testing.T) {
+func TestFinishWaitEndedByContext(t *testing.T) {
 	locked := fmt.Errorf("toy: %w", lock.ErrLocked)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	acquire := func(wait bool, takeErr error) error {
-		_, err := backend.Acquire(ctx, "toy", locked, "a",
-			func() (*lock.Options, error) { return &lock.Options{Wait: wait}, nil },
-			func(*lock.Options, time.Time) (tokenHolder, time.Duration, error) {
-				return tokenHolder{}, 0, takeErr
-			})
+	finish := func(wait bool, takeErr error) error {
+		_, err := backend.Finish(ctx, backend.Call{Backend: "toy", Name: "a", Locked: locked, Start: time.Now()}, &lock.Options{Wait: wait}, tokenHolder{}, 0, takeErr)
 		return err
 	}
 	mid := fmt.Errorf("toy: acquire: %w", context.Canceled)
-	if err := acquire(true, mid); !errors.Is(err, locked) || !errors.Is(err, context.Canceled) {
+	if err := finish(true, mid); !errors.Is(err, locked) || !errors.Is(err, context.Canceled) {
 		t.Errorf("wait cancelled mid-request: %v, want a WaitError", err)
 	}
-	if err := acquire(false, mid); err != mid {
+	if err := finish(false, mid); err != mid {
 		t.Errorf("no wait: %v, want the error as it is", err)
 	}
-	if err := acquire(true, lock.ErrClosed); err != lock.ErrClosed {
+	if err := finish(true, lock.ErrClosed); err != lock.ErrClosed {
 		t.Errorf("closed: %v, want the error as it is", err)
 	}
 }

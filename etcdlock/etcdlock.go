@@ -120,18 +120,14 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 // ctx ends. The lock does not depend on ctx once acquired: it is held, and
 // its lease renewed, until Release, a loss, or Close.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, ErrLocked, name,
-		func() (*lock.Options, error) { o, err := f.resolve(name, opts); return &o, err },
-		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
-			if err := ctx.Err(); err != nil {
-				return nil, 0, err
-			}
-			return f.take(ctx, name, o)
-		})
-}
-
-func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
+	start := time.Now()
+	o, err := backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o)
+	}
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
 // WithLock runs fn while holding name; see lock.WithLock.
@@ -250,6 +246,9 @@ func (f *Factory) mismatch(q *queue, held int) error {
 var errRequeue = errors.New("etcdlock: queue entry vanished")
 
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (_ *Holder, _ time.Duration, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
 	q := newQueue(name, o)
 	defer func() {
 		// A wait that ends with ctx — mid-request, or while the lease or

@@ -100,7 +100,7 @@ func (h *Holder) release() error {
 func (h *Holder) end(err error) {
 	h.detach()
 	if h.state.End() {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }
 
@@ -111,7 +111,7 @@ func (h *Holder) end(err error) {
 func (h *Holder) Extend(ctx context.Context) error {
 	start := time.Now()
 	err := h.extend(ctx)
-	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	backend.Report(ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
 	return err
 }
 
@@ -148,7 +148,7 @@ func (h *Holder) extend(ctx context.Context) error {
 func (h *Holder) lose() {
 	h.w.untrack(h.claim)
 	if h.state.Lose(ErrLockLost) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
 	}
 	h.detach()
 	// The key is gone, or goes with a lease that is no longer renewed; an

@@ -148,17 +148,14 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, ErrLocked, name,
-		func() (*lock.Options, error) { o, err := f.resolve(name, opts); return &o, err },
-		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
-			r := o.Renew(renew)
-			o.AutoRenew = &r
-			return f.take(ctx, name, o)
-		})
-}
-
-func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, validate)
+	start := time.Now()
+	o, err := backend.Resolve(f.opts, f.err, name, opts, validate)
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o, o.Renew(renew))
+	}
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
 // dir returns the absolute lock directory of o, creating it on first use.
@@ -183,7 +180,7 @@ func (f *Factory) dir(o *lock.Options) (string, error) {
 
 func (f *Factory) isClosed() bool { return f.closing.Err() != nil }
 
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -217,7 +214,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		if sub != nil {
 			wake = sub.wake() // before the attempt: a release after it wakes us
 		}
-		h, retryAt, err := f.try(ctx, dir, name, esc, o)
+		h, retryAt, err := f.try(ctx, dir, name, esc, o, renew)
 		if err == nil {
 			return h, waited(), nil
 		}
@@ -264,7 +261,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 
 // try makes one attempt under the name's guard. On contention it returns
 // ErrLocked and, when known, the time the earliest live marker expires.
-func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Options) (*Holder, time.Time, error) {
+func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Options, renew bool) (*Holder, time.Time, error) {
 	g, err := lockGuard(ctx, dir, esc)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -273,7 +270,7 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	c := readCounter(g.fd)
 	limit := o.Limit()
 	ttl := ttlOf(o)
-	j := &judge{log: o.Log(), name: name, ttl: ttl, now: time.Now()}
+	j := &judge{log: backend.Log(o), name: name, ttl: ttl, now: time.Now()}
 	mismatch := func(held int) error {
 		return fmt.Errorf("filelock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, held, limit)
 	}
@@ -340,7 +337,7 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	id := self()
 	now := time.Now()
 	h := &Holder{
-		f: f, name: name, esc: esc, dir: dir, path: free, token: token, ttl: ttl, renew: *o.AutoRenew,
+		f: f, name: name, esc: esc, dir: dir, path: free, token: token, ttl: ttl, renew: renew,
 		opts: o, state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: now,
 	}
 	h.m = marker{
@@ -598,7 +595,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		j := &judge{log: f.opts.Log(), name: esc, ttl: ttlOf(&f.opts), now: time.Now()}
+		j := &judge{log: backend.Log(&f.opts), name: esc, ttl: ttlOf(&f.opts), now: time.Now()}
 		for _, p := range fs.markers {
 			if _, _, _, err := j.examine(p); err != nil {
 				errs = append(errs, err)

@@ -86,7 +86,7 @@ func (h *Holder) Release() error {
 	if !h.state.End() {
 		return h.state.Err() // the deadline fired meanwhile
 	}
-	h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	return err
 }
 
@@ -99,7 +99,7 @@ func (h *Holder) Extend(ctx context.Context) error {
 	h.mu.Lock()
 	err := h.extendLocked(ctx)
 	h.mu.Unlock()
-	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	backend.Report(ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
 	return err
 }
 
@@ -265,7 +265,7 @@ func (h *Holder) visit() {
 		if err != nil {
 			// Try again soon; the deadline ends the lock if this goes on.
 			h.nextRefresh = now.Add(checkEvery(h.ttl))
-			h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(now), Err: err})
+			backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(now), Err: err})
 		}
 	case !now.Before(h.nextCheck):
 		if err := h.oursLocked(); errors.Is(err, errNotOurs) {
@@ -303,7 +303,7 @@ func (h *Holder) takenOver() error {
 // lose ends the lock with err; it needs no lock and does no I/O.
 func (h *Holder) lose(err error) {
 	if h.state.Lose(err) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }
 

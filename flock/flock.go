@@ -222,12 +222,6 @@ func resolveDir(dir string) (string, error) {
 	return filepath.Clean(dir), nil
 }
 
-// resolve returns the options of a call. Without options of its own a call
-// shares the factory's, which nobody changes, instead of copying them.
-func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
-	return backend.ResolveShared(&f.opts, f.err, name, opts, checkPermits)
-}
-
 func checkPermits(o *lock.Options) error {
 	if o.MaxConcurrent > MaxPermits {
 		return fmt.Errorf("%w: flock: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
@@ -236,11 +230,14 @@ func checkPermits(o *lock.Options) error {
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, ErrLocked, name,
-		func() (*lock.Options, error) { return f.resolve(name, opts) },
-		func(o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
-			return f.take(ctx, name, o, start)
-		})
+	start := time.Now()
+	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o, start)
+	}
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
@@ -934,8 +931,8 @@ func (h *Holder) Release() error {
 	if h.closeFiles(true) {
 		h.f.untrack(h)
 		wakeName(h.dir, h.esc)
-		if h.end(nil) && backend.Reported(h.ctx, h.opts) {
-			h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
+		if h.end(nil) {
+			backend.Report(h.reportCtx(), h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
 		}
 	}
 	return h.Err()
@@ -988,7 +985,7 @@ func (h *Holder) lose() {
 	h.f.untrack(h)
 	wakeName(h.dir, h.esc)
 	if h.end(ErrLockLost) {
-		h.opts.Report(h.reportCtx(), lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+		backend.Report(h.reportCtx(), h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
 	}
 }
 

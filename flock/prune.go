@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ubgo/lock/backend"
 )
 
 // Prune removes the files of every name in the factory's directory that
@@ -85,9 +87,9 @@ func (f *Factory) autoPrune(dir string, d time.Duration, now time.Time) {
 		defer f.wg.Done()
 		n, err := prune(f.ctx, dir, d)
 		if err != nil || n > 0 {
-			log := f.opts.Log().Debug
+			log := backend.Log(&f.opts).Debug
 			if err != nil && !errors.Is(err, context.Canceled) {
-				log = f.opts.Log().Warn
+				log = backend.Log(&f.opts).Warn
 			}
 			log("flock: swept lock directory", "dir", dir, "removed", n, "err", err)
 		}

@@ -50,6 +50,7 @@ type entry struct {
 type waiter struct {
 	limit int
 	opts  *lock.Options
+	renew bool
 	ctx   context.Context
 	start time.Time
 	grant chan *Holder // buffered 1; receives the holder when granted
@@ -74,20 +75,17 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 }
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, ErrLocked, name,
-		func() (*lock.Options, error) { o, err := f.resolve(name, opts); return &o, err },
-		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
-			r := o.Renew(renew)
-			o.AutoRenew = &r
-			return f.take(ctx, name, o)
-		})
+	start := time.Now()
+	o, err := backend.Resolve(f.opts, f.err, name, opts, nil)
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o, o.Renew(renew))
+	}
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
-func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, nil)
-}
-
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -107,7 +105,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		return nil, 0, fmt.Errorf("memlock: %w: %q has limit %d, caller asked for %d", lock.ErrLimitMismatch, name, e.limit, limit)
 	}
 	if len(e.holders) < e.limit && e.waiters.Len() == 0 {
-		h := f.grantLocked(ctx, name, e, o)
+		h := f.grantLocked(ctx, name, e, o, renew)
 		f.mu.Unlock()
 		return h, 0, nil
 	}
@@ -115,7 +113,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		f.mu.Unlock()
 		return nil, 0, ErrLocked
 	}
-	w := &waiter{limit: limit, opts: o, ctx: ctx, start: time.Now(), grant: make(chan *Holder, 1)}
+	w := &waiter{limit: limit, opts: o, renew: renew, ctx: ctx, start: time.Now(), grant: make(chan *Holder, 1)}
 	el := e.waiters.PushBack(w)
 	f.mu.Unlock()
 
@@ -143,14 +141,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 }
 
 // grantLocked makes a new holder of name. f.mu is held.
-func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *lock.Options) *Holder {
+func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *lock.Options, renew bool) *Holder {
 	f.tokens[name]++
 	h := &Holder{
 		f: f, name: name, e: e, opts: o, token: f.tokens[name],
 		state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: f.clock.Now(),
 	}
 	e.holders[h] = struct{}{}
-	if o.TTL > 0 && !*o.AutoRenew {
+	if o.TTL > 0 && !renew {
 		h.expires = h.since.Add(o.TTL)
 		h.stop = f.clock.AfterFunc(o.TTL, h.expire)
 	}
@@ -176,7 +174,7 @@ func (f *Factory) removeLocked(h *Holder, loss error) bool {
 	}
 	for len(h.e.holders) < h.e.limit && h.e.waiters.Len() > 0 {
 		w := h.e.waiters.Remove(h.e.waiters.Front()).(*waiter)
-		w.grant <- f.grantLocked(w.ctx, h.name, h.e, w.opts)
+		w.grant <- f.grantLocked(w.ctx, h.name, h.e, w.opts, w.renew)
 	}
 	f.dropIfIdleLocked(h.name, h.e)
 	return true
@@ -306,7 +304,7 @@ func (h *Holder) Release() error {
 	removed := h.f.removeLocked(h, nil)
 	h.f.mu.Unlock()
 	if removed {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since)})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since)})
 	}
 	return h.state.Err()
 }
@@ -327,7 +325,7 @@ func (h *Holder) Extend(ctx context.Context) error {
 	if !held {
 		err = ErrLockLost
 	}
-	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	backend.Report(ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
 	return err
 }
 
@@ -344,7 +342,7 @@ func (h *Holder) expire() {
 // reportLost reports h's loss, once its state has recorded it; outside f.mu,
 // as an observer may be slow.
 func (h *Holder) reportLost() {
-	h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: ErrLockLost})
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: ErrLockLost})
 }
 
 // Name is the name the lock was acquired under.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ubgo/lock/backend"
 )
 
 // listenerIdle is how long the listener stays subscribed after its last
@@ -52,7 +53,7 @@ func newListener(f *Factory) *listener {
 func (f *Factory) registerWaiter(ctx context.Context, s *session, w *waitReg) error {
 	f.lis.subscribe(w)
 	if err := f.lis.ensure(ctx); err != nil {
-		f.opts.Log().Warn("pglock: no listener for release notifications; waiters poll", "err", err)
+		backend.Log(&f.opts).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
 	}
 	return f.markWaiter(ctx, s, w)
 }

@@ -198,16 +198,14 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 // runs to completion (bounded by WithStatementTimeout), so a cancelled ctx
 // never leaves the result unknown.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, ErrLocked, name,
-		func() (*lock.Options, error) { return f.resolve(name, opts) },
-		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) { return f.take(ctx, name, o) })
-}
-
-// resolve returns the options of a call. Without per-call options they are
-// the factory's own, checked by NewFactory and never written: shared, not
-// copied.
-func (f *Factory) resolve(name string, opts []Option) (*lock.Options, error) {
-	return backend.ResolveShared(&f.opts, f.err, name, opts, checkCall)
+	start := time.Now()
+	o, err := backend.Resolve(f.opts, f.err, name, opts, checkCall)
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o)
+	}
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. fn's context is
@@ -709,7 +707,7 @@ func (h *Holder) Release() error {
 	}
 	h.unhold()
 	if h.state.End() {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: h.relErr})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: h.relErr})
 	}
 	return h.relErr
 }
@@ -744,6 +742,6 @@ func (h *Holder) unhold() {
 func (h *Holder) lose(err error) {
 	h.unhold()
 	if h.state.Lose(err) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }

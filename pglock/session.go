@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // session is one dedicated connection that holds locks. Statements on it
@@ -411,7 +412,7 @@ func (s *session) failLocked(cause error) {
 	// Waiters re-mark the names they wait for on the next connection.
 	s.f.lis.broadcast()
 	if len(hs) > 0 {
-		s.f.opts.Log().Warn("pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
+		backend.Log(&s.f.opts).Warn("pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
 	}
 }
 
@@ -582,7 +583,7 @@ func (s *session) publishLocked() {
 	err := sc.queryRow(s.f.st.publish, []any{keys, toks, nss, names, slots, limits, since, owners, metas}, &pid)
 	if err != nil {
 		if sc.clean(err) {
-			s.f.opts.Log().Warn("pglock: publishing holders for Inspect failed", "err", err)
+			backend.Log(&s.f.opts).Warn("pglock: publishing holders for Inspect failed", "err", err)
 			return
 		}
 		sc.fail(fmt.Errorf("pglock: publishing holders: %w", err))

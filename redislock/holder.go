@@ -126,7 +126,7 @@ func (h *Holder) Release() error {
 	v, err := h.runRelease(ctx).Int64()
 	if err != nil {
 		err = fmt.Errorf("redislock: release %q: %w", h.name, err)
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
 		if h.f.rn.releaseFailed(h) {
 			// A renewal or Extend found the lock gone while this release
 			// was on its way, and the release cannot say whether it was
@@ -143,7 +143,7 @@ func (h *Holder) Release() error {
 		return h.state.Err()
 	}
 	if h.state.End() {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Held: time.Since(h.start)})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Held: time.Since(h.start)})
 	}
 	return h.state.Err()
 }
@@ -159,7 +159,7 @@ func (h *Holder) releaseScript(ctx context.Context) error {
 func (h *Holder) Extend(ctx context.Context) error {
 	start := time.Now()
 	err := h.extend(ctx)
-	h.opts.Report(ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
+	backend.Report(ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
 	return err
 }
 
@@ -200,7 +200,7 @@ func (h *Holder) extend(ctx context.Context) error {
 // lose ends the holder with err, which matches ErrLockLost.
 func (h *Holder) lose(err error) {
 	if h.state.Lose(err) {
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.start), Err: err})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.start), Err: err})
 	}
 }
 

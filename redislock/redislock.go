@@ -274,19 +274,15 @@ func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
 
 func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
 
-// callOptions resolves the options of one call. A call without options
-// shares the factory's, which nothing changes after NewFactory, rather
-// than copying them.
-func (f *Factory) callOptions(name string, opts []Option) (*lock.Options, error) {
-	return backend.ResolveShared(&f.opts, f.err, name, opts, checkOptions)
-}
-
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	return backend.Acquire(ctx, backendName, ErrLocked, name,
-		func() (*lock.Options, error) { return f.callOptions(name, opts) },
-		func(o *lock.Options, _ time.Time) (*Holder, time.Duration, error) {
-			return f.take(ctx, name, o, o.Renew(renew))
-		})
+	start := time.Now()
+	o, err := f.resolve(name, opts)
+	var h *Holder
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = f.take(ctx, name, &o, o.Renew(renew))
+	}
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
 // attempt is the outcome of one run of the acquire script.

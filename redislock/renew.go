@@ -387,7 +387,7 @@ func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch
 	r.mu.Unlock()
 	for _, x := range failed {
 		h := x.h
-		h.opts.Report(h.ctx, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: now.Sub(sent), Err: fmt.Errorf("redislock: renew %q: %w", h.name, x.err)})
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: now.Sub(sent), Err: fmt.Errorf("redislock: renew %q: %w", h.name, x.err)})
 	}
 	for _, h := range lost {
 		h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))

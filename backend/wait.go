@@ -1,0 +1,135 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// A Subscription is how one waiting Acquire learns that another attempt
+// may succeed: a release in this process, a notification from the server
+// or from the kernel.
+type Subscription interface {
+	// Wake returns the channel the next wake-up closes or sends on. Wait
+	// takes it before every attempt, so that a release during the attempt
+	// is not missed.
+	Wake() <-chan struct{}
+	// Close ends the subscription.
+	Close()
+}
+
+// Waiting describes how one Acquire waits.
+type Waiting struct {
+	Wait   bool            // WithWait: without it the first contention is returned
+	Locked error           // the backend's ErrLocked, which an attempt returns on contention
+	Closed <-chan struct{} // closed when the factory closes: the wait ends with lock.ErrClosed
+
+	// MinPoll and MaxPoll bound the interval between attempts when no
+	// wake-up comes: it starts at MinPoll, doubles up to MaxPoll, and falls
+	// back to MinPoll after every wake-up. Polling covers what no wake-up
+	// reports (a holder that died, a lost notification).
+	MinPoll, MaxPoll time.Duration
+
+	// Subscribe starts listening for releases of the name, at the first
+	// contention. Wait then tries again at once: a release between the
+	// attempt and the subscription sent no wake-up.
+	Subscribe func() (Subscription, error)
+
+	// Queued subscribes before the first attempt and makes that attempt
+	// only when woken (or polled): others in this process wait already,
+	// and a newcomer queues behind them instead of overtaking them.
+	Queued bool
+}
+
+// Wait makes attempts until one gets the lock, fails other than with
+// contention, or (with w.Wait) ctx ends or the factory closes. An attempt
+// returns the holder, or on contention w.Locked and, when it knows, how
+// long until the lock may be free (0 when it does not), which caps the
+// next poll. Wait returns the holder or the error, and the time spent
+// waiting after the first contention. An error that ends a wait because
+// ctx ended is ctx's: Finish makes it a lock.WaitError.
+func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duration, error)) (H, time.Duration, error) {
+	var (
+		zero  H
+		sub   Subscription
+		start time.Time
+		timer *time.Timer
+		poll  = w.MinPoll
+		skip  bool
+	)
+	waited := func() time.Duration {
+		if sub == nil {
+			return 0
+		}
+		return time.Since(start)
+	}
+	defer func() {
+		if sub != nil {
+			sub.Close()
+			timer.Stop()
+		}
+	}()
+	// failed returns err, or ctx's error when err came from the wait
+	// giving up (a request cut short by ctx).
+	failed := func(err error) (H, time.Duration, error) {
+		if w.Wait && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return zero, waited(), err
+	}
+	subscribe := func() error {
+		s, err := w.Subscribe()
+		if err == nil {
+			sub, start, timer = s, time.Now(), time.NewTimer(time.Hour)
+		}
+		return err
+	}
+	if w.Wait && w.Queued {
+		if err := subscribe(); err != nil {
+			return failed(err)
+		}
+		skip = true
+	}
+	for {
+		var wake <-chan struct{}
+		var hint time.Duration
+		if sub != nil {
+			wake = sub.Wake()
+		}
+		if !skip {
+			h, retry, err := attempt()
+			switch {
+			case err == nil:
+				return h, waited(), nil
+			case !errors.Is(err, w.Locked):
+				return failed(err)
+			case !w.Wait:
+				return zero, 0, err
+			case sub == nil:
+				if err := subscribe(); err != nil {
+					return failed(err)
+				}
+				continue
+			}
+			hint = retry
+		}
+		skip = false
+		d := poll
+		if hint > 0 {
+			d = min(d, hint)
+		}
+		timer.Reset(max(d, time.Millisecond))
+		select {
+		case <-wake:
+			poll = w.MinPoll
+		case <-timer.C:
+			poll = min(2*poll, w.MaxPoll)
+		case <-ctx.Done():
+			return zero, waited(), ctx.Err()
+		case <-w.Closed:
+			return zero, waited(), lock.ErrClosed
+		}
+	}
+}

@@ -1,0 +1,166 @@
+package backend_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// toySub is a subscription woken by hand.
+type toySub struct {
+	wake   chan struct{}
+	closed bool
+}
+
+func (s *toySub) Wake() <-chan struct{} { return s.wake }
+func (s *toySub) Close()                { s.closed = true }
+
+// toyLock is held until free is closed; attempts counts the tries.
+type toyLock struct {
+	free     chan struct{}
+	attempts int
+	sub      *toySub
+}
+
+func newToyLock() *toyLock {
+	return &toyLock{free: make(chan struct{}), sub: &toySub{wake: make(chan struct{}, 1)}}
+}
+
+func (l *toyLock) attempt() (int, time.Duration, error) {
+	l.attempts++
+	select {
+	case <-l.free:
+		return l.attempts, 0, nil
+	default:
+		return 0, 0, lock.ErrLocked
+	}
+}
+
+func (l *toyLock) waiting(wait bool) backend.Waiting {
+	return backend.Waiting{
+		Wait: wait, Locked: lock.ErrLocked, MinPoll: time.Hour, MaxPoll: time.Hour,
+		Subscribe: func() (backend.Subscription, error) { return l.sub, nil },
+	}
+}
+
+func TestWaitWithoutWaitReturnsContention(t *testing.T) {
+	l := newToyLock()
+	_, waited, err := backend.Wait(context.Background(), l.waiting(false), l.attempt)
+	if !errors.Is(err, lock.ErrLocked) || waited != 0 || l.attempts != 1 || l.sub.closed {
+		t.Fatalf("err %v, waited %v, %d attempts, subscribed %v: want ErrLocked after one attempt, no subscription", err, waited, l.attempts, l.sub.closed)
+	}
+}
+
+// The first contention subscribes and tries again at once; then only a
+// wake-up (the poll is an hour) brings another attempt.
+func TestWaitRetriesAfterSubscribingThenOnWake(t *testing.T) {
+	l := newToyLock()
+	tries := make(chan int)
+	w := l.waiting(true)
+	attempt := func() (int, time.Duration, error) {
+		n, d, err := l.attempt()
+		tries <- l.attempts
+		return n, d, err
+	}
+	done := make(chan error)
+	go func() {
+		_, _, err := backend.Wait(context.Background(), w, attempt)
+		done <- err
+	}()
+	if n := <-tries; n != 1 {
+		t.Fatal(n)
+	}
+	if n := <-tries; n != 2 { // at once after subscribing
+		t.Fatal(n)
+	}
+	close(l.free)
+	l.sub.wake <- struct{}{}
+	if n := <-tries; n != 3 {
+		t.Fatal(n)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !l.sub.closed {
+		t.Error("subscription left open")
+	}
+}
+
+func TestWaitEndsWithContextAndClose(t *testing.T) {
+	l := newToyLock()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := backend.Wait(ctx, l.waiting(true), l.attempt); err != context.Canceled || !l.sub.closed {
+		t.Fatalf("cancelled wait: %v (subscription closed %v), want context.Canceled", err, l.sub.closed)
+	}
+	l = newToyLock()
+	w := l.waiting(true)
+	closed := make(chan struct{})
+	close(closed)
+	w.Closed = closed
+	if _, _, err := backend.Wait(context.Background(), w, l.attempt); err != lock.ErrClosed {
+		t.Fatalf("closed factory: %v, want ErrClosed", err)
+	}
+}
+
+// An attempt that fails while ctx is done failed because the wait gave
+// up: Wait says so with ctx's error, which Finish makes a WaitError.
+func TestWaitFailedAttemptAfterContextEnds(t *testing.T) {
+	l := newToyLock()
+	ctx, cancel := context.WithCancel(context.Background())
+	broken := errors.New("connection reset")
+	attempt := func() (int, time.Duration, error) {
+		if l.attempts++; l.attempts == 1 {
+			return 0, 0, lock.ErrLocked
+		}
+		cancel()
+		return 0, 0, broken
+	}
+	if _, _, err := backend.Wait(ctx, l.waiting(true), attempt); err != context.Canceled {
+		t.Fatalf("%v, want context.Canceled", err)
+	}
+	if _, _, err := backend.Wait(context.Background(), l.waiting(false), func() (int, time.Duration, error) { return 0, 0, broken }); err != broken {
+		t.Fatalf("%v, want the attempt's error", err)
+	}
+}
+
+// Queued subscribes first and makes no attempt until woken.
+func TestWaitQueued(t *testing.T) {
+	l := newToyLock()
+	w := l.waiting(true)
+	w.Queued = true
+	close(l.free)
+	done := make(chan int)
+	go func() {
+		n, _, _ := backend.Wait(context.Background(), w, l.attempt)
+		done <- n
+	}()
+	select {
+	case n := <-done:
+		t.Fatalf("queued waiter attempted (attempt %d) before it was woken", n)
+	case <-time.After(50 * time.Millisecond):
+	}
+	l.sub.wake <- struct{}{}
+	if n := <-done; n != 1 {
+		t.Fatalf("acquired on attempt %d, want 1", n)
+	}
+}
+
+// An attempt's hint caps the poll: a lease that runs out in 1 ms is
+// tried again then, though no wake-up comes and the poll is an hour.
+func TestWaitHintCapsPoll(t *testing.T) {
+	l := newToyLock()
+	attempt := func() (int, time.Duration, error) {
+		if l.attempts++; l.attempts < 4 {
+			return 0, time.Millisecond, lock.ErrLocked
+		}
+		return l.attempts, 0, nil
+	}
+	if n, _, err := backend.Wait(context.Background(), l.waiting(true), attempt); err != nil || n != 4 {
+		t.Fatalf("%d, %v", n, err)
+	}
+}

@@ -1,0 +1,153 @@
+// Package dirwatch wakes the waiters of lock files in a directory: directly
+// when a holder in this process frees a name (Signal), and through one
+// inotify watch per directory (Linux) when another process does. flock and
+// filelock share it, and with it one hub per directory per process, so
+// that factories of one process wake each other too.
+//
+// A lock file of the escaped name esc is "<esc>.lock" or "<esc>.<n>.lock";
+// an escaped name contains no '.'. Closing such a file after writing,
+// deleting it or renaming it away wakes the name's waiters. A wake-up is a
+// hint: the waiter tries again and may find the name still held.
+package dirwatch
+
+import (
+	"strings"
+	"sync"
+	"time"
+)
+
+// linger is how long a directory's watch outlives its last waiter.
+// Closing an inotify instance waits for a kernel grace period (tens of
+// milliseconds), so it is done later and off the waiter's path, and a wait
+// that follows soon reuses the watch.
+const linger = time.Second
+
+// A hub holds the waiters of one directory.
+type hub struct {
+	dir   string
+	names map[string]*list // by escaped name
+	subs  int
+	w     *watch // nil while nobody waits, or when inotify is unavailable
+	gen   int    // bumped whenever subs leaves 0, so a stale retire does nothing
+}
+
+type list struct {
+	ch   chan struct{} // closed and replaced at every wake-up
+	subs int
+}
+
+// mu guards every hub; wake-ups are rare next to the work of an attempt.
+var (
+	mu   sync.Mutex
+	hubs = map[string]*hub{}
+)
+
+// A Subscription is one waiting Acquire. Take Wake before each attempt and
+// wait on the channel it returns, so that a release between the attempt and
+// the wait is not missed.
+type Subscription struct {
+	h       *hub
+	esc     string
+	l       *list
+	watched bool
+}
+
+// Subscribe registers a waiter for esc in dir (an absolute path) and
+// starts watching dir when it is the first waiter there.
+func Subscribe(dir, esc string) *Subscription {
+	mu.Lock()
+	defer mu.Unlock()
+	h := hubs[dir]
+	if h == nil {
+		h = &hub{dir: dir, names: map[string]*list{}}
+		hubs[dir] = h
+	}
+	l := h.names[esc]
+	if l == nil {
+		l = &list{ch: make(chan struct{})}
+		h.names[esc] = l
+	}
+	l.subs++
+	if h.subs++; h.subs == 1 {
+		h.gen++
+		if h.w == nil {
+			h.w = start(dir)
+		}
+	}
+	return &Subscription{h: h, esc: esc, l: l, watched: h.w != nil}
+}
+
+// Watched reports whether releases in other processes wake the waiter;
+// when they do not, the caller must poll more often.
+func (s *Subscription) Watched() bool { return s.watched }
+
+// Wake returns the channel the next wake-up of the name closes.
+func (s *Subscription) Wake() <-chan struct{} {
+	mu.Lock()
+	defer mu.Unlock()
+	return s.l.ch
+}
+
+// Close ends the subscription.
+func (s *Subscription) Close() {
+	mu.Lock()
+	defer mu.Unlock()
+	h := s.h
+	if s.l.subs--; s.l.subs == 0 {
+		delete(h.names, s.esc)
+	}
+	if h.subs--; h.subs == 0 && h.w != nil {
+		gen := h.gen
+		time.AfterFunc(linger, func() { h.retire(gen) })
+	}
+}
+
+// retire stops the watch if no waiter came since generation gen left.
+func (h *hub) retire(gen int) {
+	mu.Lock()
+	var w *watch
+	if h.subs == 0 && h.gen == gen {
+		w, h.w = h.w, nil
+		delete(hubs, h.dir)
+	}
+	mu.Unlock()
+	if w != nil {
+		w.stop() // outside mu: the watch's goroutine takes it to wake
+	}
+}
+
+// Signal wakes the waiters of esc in dir in this process.
+func Signal(dir, esc string) {
+	mu.Lock()
+	defer mu.Unlock()
+	if h := hubs[dir]; h != nil {
+		h.wake(esc)
+	}
+}
+
+// wake wakes the waiters of esc, or every waiter of the directory when esc
+// is "" (the watch may have lost events). mu is held.
+func (h *hub) wake(esc string) {
+	for name, l := range h.names {
+		if esc == "" || name == esc {
+			close(l.ch)
+			l.ch = make(chan struct{})
+		}
+	}
+}
+
+// nameOf returns the escaped name whose lock file is file, or "".
+func nameOf(file string) string {
+	esc, rest, ok := strings.Cut(file, ".")
+	if !ok || esc == "" {
+		return ""
+	}
+	if rest == "lock" {
+		return esc
+	}
+	n, ok := strings.CutSuffix(rest, ".lock")
+	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+		return ""
+	}
+	return esc
+}
