@@ -73,6 +73,7 @@ type opCase struct {
 	rtt     string // one round trip of the same service
 	inner   int    // operations per timed sample (for operations shorter than the clock's cost)
 	op      func(ctx context.Context) error
+	rts     *rtCounter // the service's round trips; nil for cases that need no server
 	err     error
 	res     [numConds][]roundRes
 }
@@ -80,6 +81,7 @@ type opCase struct {
 type roundRes struct {
 	s      summary
 	allocs float64 // heap objects allocated per operation, by the whole process
+	rts    float64 // round trips per operation
 }
 
 func failed(id, service, label string, k kind, err error) *opCase {

@@ -89,7 +89,7 @@ func (e *env) contenderClients(ctx context.Context) *contClients {
 		n := e.cfg.Waiters
 		if e.available(Redis) {
 			for i := 0; i < n; i++ {
-				c, err := dialRedis(ctx)
+				c, err := dialRedis(ctx, nil)
 				if err != nil {
 					cc.errs[Redis] = err
 					break
@@ -112,7 +112,7 @@ func (e *env) contenderClients(ctx context.Context) *contClients {
 		if e.available(Postgres) {
 			// Each pglock factory takes up to two lock sessions and a
 			// listener out of the pool.
-			p, err := dialPostgres(ctx, int32(3*n+4))
+			p, err := dialPostgres(ctx, int32(3*n+4), nil)
 			if err != nil {
 				cc.errs[Postgres] = err
 			} else {

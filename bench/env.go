@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -35,7 +36,8 @@ type env struct {
 	rdb   *redis.Client
 	pool  *pgxpool.Pool
 	etcd  *clientv3.Client
-	down  map[string]error // services that could not be reached
+	rts   map[string]*rtCounter // round trips made on rdb, pool and etcd, by service
+	down  map[string]error      // services that could not be reached
 	cc    *contClients
 	close []func()
 }
@@ -65,20 +67,21 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 		return nil, err
 	}
 	e := &env{cfg: cfg, dir: dir, down: map[string]error{}, cc: &contClients{},
+		rts:    map[string]*rtCounter{Redis: {}, Postgres: {}, Etcd: {}},
 		prefix: fmt.Sprintf("ubgo-lock-bench/%d/", time.Now().UnixNano())}
 	e.defer_(func() { os.RemoveAll(dir) })
 
-	if e.rdb, err = dialRedis(ctx); err != nil {
+	if e.rdb, err = dialRedis(ctx, e.rts[Redis]); err != nil {
 		e.down[Redis] = err
 	} else {
 		e.defer_(func() { e.rdb.Close() })
 	}
-	if e.pool, err = dialPostgres(ctx, 0); err != nil {
+	if e.pool, err = dialPostgres(ctx, 0, e.rts[Postgres]); err != nil {
 		e.down[Postgres] = err
 	} else {
 		e.defer_(e.pool.Close)
 	}
-	if e.etcd, err = dialEtcd(ctx); err != nil {
+	if e.etcd, err = dialEtcd(ctx, e.rts[Etcd].unary()); err != nil {
 		e.down[Etcd] = err
 	} else {
 		e.defer_(func() { e.etcd.Close() })
@@ -86,8 +89,14 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 	return e, nil
 }
 
-func dialRedis(ctx context.Context) (*redis.Client, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
+// dialRedis connects to Redis; rts, if not nil, counts the round trips.
+func dialRedis(ctx context.Context, rts *rtCounter) (*redis.Client, error) {
+	o := &redis.Options{Addr: testenv.RedisAddr()}
+	if rts != nil {
+		var d net.Dialer
+		o.Dialer = rts.dial(d.DialContext)
+	}
+	rdb := redis.NewClient(o)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
@@ -97,11 +106,15 @@ func dialRedis(ctx context.Context) (*redis.Client, error) {
 	return rdb, nil
 }
 
-// dialPostgres opens a pool; maxConns 0 keeps pgx's default.
-func dialPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+// dialPostgres opens a pool; maxConns 0 keeps pgx's default; rts, if not
+// nil, counts the round trips.
+func dialPostgres(ctx context.Context, maxConns int32, rts *rtCounter) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
 	if err != nil {
 		return nil, err
+	}
+	if rts != nil {
+		cfg.ConnConfig.DialFunc = rts.dial(cfg.ConnConfig.DialFunc)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns

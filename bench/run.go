@@ -23,7 +23,8 @@ import (
 
 // Config sizes a run.
 type Config struct {
-	Rounds   int            // interleaved rounds of the uncontended cases
+	Runs     int            // runs of the uncontended cases; targets are decided on their median
+	Rounds   int            // interleaved rounds of the uncontended cases, per run
 	Batch    time.Duration  // time per uncontended case per round and condition
 	MinOps   int            // at least this many operations per batch
 	MaxOps   int            // at most this many operations per batch
@@ -45,11 +46,10 @@ func (c Config) want(section, id string) bool {
 	return c.Only == nil || c.Only.MatchString(section+"/"+id)
 }
 
-// DefaultConfig is what make bench runs: about two and a half minutes on
-// two cores.
+// DefaultConfig is what make bench runs: about five minutes on two cores.
 func DefaultConfig() Config {
 	return Config{
-		Rounds: 7, Batch: 120 * time.Millisecond, MinOps: 20, MaxOps: 20000, Warmup: 20,
+		Runs: 5, Rounds: 7, Batch: 120 * time.Millisecond, MinOps: 20, MaxOps: 20000, Warmup: 20,
 		Waiters: 8, Permits: 4, Contend: 400 * time.Millisecond, CRounds: 3,
 		Held: 10000, RRounds: 3, PeerPoll: time.Millisecond,
 	}
@@ -59,7 +59,7 @@ func DefaultConfig() Config {
 // the benchmark works, not a measurement.
 func ShortConfig() Config {
 	return Config{
-		Rounds: 2, Batch: time.Millisecond, MinOps: 3, MaxOps: 5, Warmup: 1,
+		Runs: 2, Rounds: 2, Batch: time.Millisecond, MinOps: 3, MaxOps: 5, Warmup: 1,
 		Waiters: 8, Permits: 4, Contend: 60 * time.Millisecond, CRounds: 1,
 		Held: 200, RRounds: 1, PeerPoll: time.Millisecond,
 	}
@@ -82,8 +82,9 @@ type Result struct {
 	Machine   Machine
 	Down      map[string]error // services that could not be reached
 	Elapsed   time.Duration
-	BusyNote  string // why the busy condition is missing, if it is
-	ops       []*opCase
+	BusyNote  string  // why the busy condition is missing, if it is
+	ops       opSet   // every run's rounds of each case, pooled: what the tables show
+	runs      []opSet // each run's cases, for the targets
 	contended []*contCase
 	semaphore []*contCase
 	renewal   []*renewCase
@@ -119,17 +120,28 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		r.BusyNote = "turned off (-busy=false)"
 	}
 
-	logf("setting up")
+	// The uncontended cases run cfg.Runs times, each time with new
+	// factories and connections: the targets are decided on the median of
+	// the runs, since one run can be lucky.
 	m := e.mark()
-	r.ops = append(r.ops, casesMemory(e)...)
-	r.ops = append(r.ops, casesFile(e)...)
-	r.ops = append(r.ops, casesRedis(ctx, e)...)
-	r.ops = append(r.ops, casesPostgres(ctx, e)...)
-	r.ops = append(r.ops, casesEtcd(ctx, e)...)
-	r.ops = filter(r.ops, func(c *opCase) bool { return cfg.want("uncontended", c.id) })
-	logf("uncontended: %d cases × %d rounds", len(r.ops), cfg.Rounds)
-	runOps(ctx, r.ops, cfg, sp)
-	e.closeFrom(m)
+	for i := range max(cfg.Runs, 1) {
+		logf("setting up (run %d of %d)", i+1, max(cfg.Runs, 1))
+		var set opSet
+		set = append(set, casesMemory(e)...)
+		set = append(set, casesFile(e)...)
+		set = append(set, casesRedis(ctx, e)...)
+		set = append(set, casesPostgres(ctx, e)...)
+		set = append(set, casesEtcd(ctx, e)...)
+		set = filter(set, func(c *opCase) bool { return cfg.want("uncontended", c.id) })
+		for _, c := range set {
+			c.rts = e.rts[c.service]
+		}
+		logf("uncontended: %d cases × %d rounds", len(set), cfg.Rounds)
+		runOps(ctx, set, cfg, sp)
+		e.closeFrom(m)
+		r.runs = append(r.runs, set)
+	}
+	r.ops = pool(r.runs)
 
 	r.contended = filter(contendedCases(ctx, e, 1), func(c *contCase) bool { return cfg.want("contended", c.id) })
 	r.semaphore = filter(contendedCases(ctx, e, cfg.Permits), func(c *contCase) bool { return cfg.want("semaphore", c.id) })
@@ -147,8 +159,32 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return r, nil
 }
 
-func filter[T any](xs []T, keep func(T) bool) []T {
-	var out []T
+// pool returns each case of the first run with the rounds of every run.
+func pool(runs []opSet) opSet {
+	if len(runs) == 0 {
+		return nil
+	}
+	var out opSet
+	for _, c := range runs[0] {
+		p := *c
+		p.res = [numConds][]roundRes{}
+		for _, set := range runs {
+			if o := set.op(c.id); o != nil {
+				if o.err != nil && p.err == nil {
+					p.err = o.err
+				}
+				for cd := range p.res {
+					p.res[cd] = append(p.res[cd], o.res[cd]...)
+				}
+			}
+		}
+		out = append(out, &p)
+	}
+	return out
+}
+
+func filter[T any, S ~[]T](xs S, keep func(T) bool) S {
+	var out S
 	for _, x := range xs {
 		if keep(x) {
 			out = append(out, x)
@@ -201,7 +237,7 @@ func runOps(ctx context.Context, cases []*opCase, cfg Config, sp *spinner) {
 func (c *opCase) batch(ctx context.Context, cd cond, cfg Config) {
 	inner := max(c.inner, 1)
 	samples := make([]time.Duration, 0, 256)
-	a0 := heapObjects()
+	a0, rt0 := heapObjects(), c.rts.load()
 	start := time.Now()
 	for len(samples) < cfg.MinOps || len(samples) < cfg.MaxOps && time.Since(start) < cfg.Batch {
 		t0 := time.Now()
@@ -213,6 +249,6 @@ func (c *opCase) batch(ctx context.Context, cd cond, cfg Config) {
 		}
 		samples = append(samples, time.Since(t0)/time.Duration(inner))
 	}
-	allocs := float64(heapObjects()-a0) / float64(len(samples)*inner)
-	c.res[cd] = append(c.res[cd], roundRes{s: summarize(samples), allocs: allocs})
+	ops := float64(len(samples) * inner)
+	c.res[cd] = append(c.res[cd], roundRes{s: summarize(samples), allocs: float64(heapObjects()-a0) / ops, rts: float64(c.rts.load()-rt0) / ops})
 }

@@ -302,7 +302,7 @@ func renewRedislock(ctx context.Context, e *env, logf func(string, ...any)) *ren
 	logf("  redislock: holding %d locks", n)
 	ours := newRenewCase(e, Redis, idRedislock, fmt.Sprintf("redislock background renewal (TTL %v)", renewTTL), oursKind)
 	rec := &recorder{}
-	if c, err := dialRedis(ctx); err != nil {
+	if c, err := dialRedis(ctx, nil); err != nil {
 		ours.err = err
 	} else {
 		c.AddHook(pipeHook{rec})

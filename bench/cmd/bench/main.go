@@ -21,7 +21,8 @@ func main() {
 	bench.SpinIfChild()
 	d := bench.DefaultConfig()
 	short := flag.Bool("short", false, "run every case for a handful of iterations (a smoke test, not a measurement)")
-	rounds := flag.Int("rounds", d.Rounds, "interleaved rounds of the uncontended cases")
+	runs := flag.Int("runs", d.Runs, "runs of the uncontended cases, each with new factories and connections; targets are decided on their median (at least 5)")
+	rounds := flag.Int("rounds", d.Rounds, "interleaved rounds of the uncontended cases, per run")
 	batch := flag.Duration("batch", d.Batch, "time per uncontended case per round and condition")
 	contend := flag.Duration("contend", d.Contend, "time per contended case per round and condition")
 	crounds := flag.Int("contend-rounds", d.CRounds, "rounds of the contended and semaphore cases")
@@ -35,7 +36,7 @@ func main() {
 	flag.Parse()
 
 	cfg := bench.Config{
-		Rounds: *rounds, Batch: *batch, MinOps: d.MinOps, MaxOps: d.MaxOps, Warmup: d.Warmup,
+		Runs: *runs, Rounds: *rounds, Batch: *batch, MinOps: d.MinOps, MaxOps: d.MaxOps, Warmup: d.Warmup,
 		Waiters: *waiters, Permits: d.Permits, Contend: *contend, CRounds: *crounds,
 		Held: *held, RRounds: *rrounds, PeerPoll: *poll, NoBusy: !*busy,
 	}
