@@ -2,7 +2,10 @@
 
 package filelock
 
-import "sync"
+import (
+	"os"
+	"sync"
+)
 
 // syncHook is what SetSyncHook installs; the wrapper below is in place for
 // the whole test binary, so tests never write syncFile itself while another
@@ -14,7 +17,7 @@ var syncHook struct {
 
 func init() {
 	next := syncFile
-	syncFile = func(path string, fd int) error {
+	syncFile = func(path string, f *os.File) error {
 		syncHook.Lock()
 		fn := syncHook.fn
 		syncHook.Unlock()
@@ -23,7 +26,7 @@ func init() {
 				return err
 			}
 		}
-		return next(path, fd)
+		return next(path, f)
 	}
 }
 

@@ -4,6 +4,7 @@ package filelock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -175,7 +176,7 @@ func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
 	body := "key=" + quote(key, false) + "\ntoken=" + strconv.FormatUint(token, 10) +
 		"\ndone_at=" + time.Now().UTC().Format(time.RFC3339Nano) + "\n"
 	err := writeTemp(tmp, []byte(body))
-	if err == unix.ENOENT {
+	if errors.Is(err, unix.ENOENT) {
 		// The directory was removed since this process made it.
 		madeDirs.Delete(l.dir)
 		if err := ensureDir(l.dir); err != nil {

@@ -44,7 +44,7 @@
 // never restarts low unless the clock was also set back.
 //
 // The package builds on Unix systems. The dead-process probe and the
-// directory watcher that wakes waiters need Linux; elsewhere markers are
+// directory watch that wakes waiters need Linux; elsewhere markers are
 // reclaimed by their stale window and waiters poll.
 package filelock
 
@@ -65,6 +65,7 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/dirwatch"
 )
 
 // Errors, matching the root sentinels with errors.Is.
@@ -74,15 +75,6 @@ var (
 )
 
 const backendName = "filelock"
-
-// Polling of waiters, for locks freed without a file event (crash, expiry,
-// another host): it starts fast and backs off to the cap. The cap is lower
-// when no directory watcher delivers releases by other processes.
-const (
-	minPoll        = 2 * time.Millisecond
-	maxPollWatched = 250 * time.Millisecond
-	maxPollBlind   = 50 * time.Millisecond
-)
 
 // Factory hands out locks kept as marker files. Factories (in one process
 // or many) that use the same directory contend with each other.
@@ -192,71 +184,9 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		return nil, 0, err
 	}
 	esc := backend.Escape(name)
-	var (
-		sub       *subscription
-		watching  bool
-		waitStart time.Time
-		poll      = minPoll
-	)
-	waited := func() time.Duration {
-		if waitStart.IsZero() {
-			return 0
-		}
-		return time.Since(waitStart)
-	}
-	defer func() {
-		if sub != nil {
-			sub.close()
-		}
-	}()
-	for {
-		var wake <-chan struct{}
-		if sub != nil {
-			wake = sub.wake() // before the attempt: a release after it wakes us
-		}
-		h, retryAt, err := f.try(ctx, dir, name, esc, o, renew)
-		if err == nil {
-			return h, waited(), nil
-		}
-		if !errors.Is(err, ErrLocked) {
-			if o.Wait && ctx.Err() != nil { // gave up while polling the guard
-				return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-			}
-			return nil, waited(), err
-		}
-		if !o.Wait {
-			return nil, 0, err
-		}
-		if sub == nil {
-			// Subscribe, then try again at once: a release between the
-			// first attempt and the subscription would otherwise be missed.
-			sub, watching = hubFor(dir).subscribe(esc)
-			waitStart = time.Now()
-			continue
-		}
-		d := poll
-		if !retryAt.IsZero() {
-			d = min(d, time.Until(retryAt)+time.Millisecond)
-		}
-		timer := time.NewTimer(max(d, minPoll))
-		select {
-		case <-wake:
-			poll = minPoll
-		case <-timer.C:
-			limit := maxPollBlind
-			if watching {
-				limit = maxPollWatched
-			}
-			poll = min(2*poll, limit)
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		case <-f.closing.Done():
-			timer.Stop()
-			return nil, waited(), lock.ErrClosed
-		}
-		timer.Stop()
-	}
+	return f.wait(ctx, o, dir, esc, func() (*Holder, time.Time, error) {
+		return f.try(ctx, dir, name, esc, o, renew)
+	})
 }
 
 // try makes one attempt under the name's guard. On contention it returns
@@ -396,7 +326,7 @@ type judge struct {
 // name's guard, so nobody else is judging or replacing it meanwhile).
 func (j *judge) examine(path string) (m *marker, live bool, expires time.Time, err error) {
 	m, mtime, err := readMarker(path)
-	if err == unix.ENOENT {
+	if errors.Is(err, unix.ENOENT) {
 		return nil, false, time.Time{}, nil
 	}
 	if err != nil {
@@ -613,7 +543,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 		}
 		g.unlock()
 		if j.reclaimed > 0 {
-			hubFor(dir).signal(esc)
+			dirwatch.Signal(dir, esc)
 		}
 		n += j.reclaimed
 	}

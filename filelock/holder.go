@@ -13,6 +13,7 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/dirwatch"
 )
 
 // errNotOurs: the marker is gone or carries another holder's nonce.
@@ -198,7 +199,7 @@ func (h *Holder) refreshLocked(ctx context.Context) error {
 func (h *Holder) oursLocked() error {
 	m, _, err := readMarker(h.path)
 	switch {
-	case err == unix.ENOENT:
+	case errors.Is(err, unix.ENOENT):
 		return errNotOurs
 	case err != nil:
 		return fmt.Errorf("filelock: read marker: %w", err)
@@ -224,7 +225,7 @@ func (h *Holder) removeLocked(ctx context.Context) error {
 	if err := unix.Unlink(h.path); err != nil && err != unix.ENOENT {
 		return fmt.Errorf("filelock: remove marker: %w", err)
 	}
-	hubFor(h.dir).signal(h.esc)
+	dirwatch.Signal(h.dir, h.esc)
 	return nil
 }
 

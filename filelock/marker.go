@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -276,26 +278,26 @@ func (m *marker) set(key, v string) error {
 	return err
 }
 
-// readMarker reads the marker at path. err is fs.ErrNotExist-compatible
-// (unix.ENOENT) when there is none; m is nil with a nil err when the file
-// exists but cannot be parsed, in which case mtime still tells its age.
+// readMarker reads the marker at path. err matches unix.ENOENT when
+// there is none; m is nil with a nil err when the file exists but cannot be
+// parsed, in which case mtime still tells its age.
 func readMarker(path string) (m *marker, mtime time.Time, err error) {
-	fd, err := open(path, unix.O_RDONLY, 0)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
 		return nil, time.Time{}, err
 	}
-	mtime = time.Unix(st.Mtim.Unix())
-	data, err := readAll(fd, int(st.Size))
-	if err == errTooBig {
-		return nil, mtime, nil // not one of ours: judged like any unreadable marker
-	}
+	mtime = st.ModTime()
+	data, err := io.ReadAll(io.LimitReader(f, maxMarker+1))
 	if err != nil {
 		return nil, mtime, err
+	}
+	if len(data) > maxMarker {
+		return nil, mtime, nil // not one of ours: judged like any unreadable marker
 	}
 	m, perr := parseMarker(data)
 	if perr != nil {
@@ -307,31 +309,8 @@ func readMarker(path string) (m *marker, mtime time.Time, err error) {
 // maxMarker is the size of the largest marker written or read.
 const maxMarker = 1 << 20
 
-var errTooBig = errors.New("filelock: marker over 1 MiB")
-
-func readAll(fd int, size int) ([]byte, error) {
-	buf := make([]byte, 0, max(size, 512)+1)
-	for {
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n == 0 {
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, cap(buf))
-		}
-		if len(buf) > maxMarker {
-			return nil, errTooBig
-		}
-	}
-}
-
+// open opens path, retrying when a signal interrupts it, for the callers
+// that need a descriptor (flock, pread).
 func open(path string, flags int, perm uint32) (int, error) {
 	for {
 		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, perm)
@@ -341,40 +320,26 @@ func open(path string, flags int, perm uint32) (int, error) {
 	}
 }
 
-func writeAll(fd int, data []byte) error {
-	for len(data) > 0 {
-		n, err := unix.Write(fd, data)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		data = data[n:]
-	}
-	return nil
-}
-
 // syncFile syncs the file being written at path; tests wrap it to stall or
 // fail the disk.
-var syncFile = func(path string, fd int) error { return unix.Fsync(fd) }
+var syncFile = func(path string, f *os.File) error { return f.Sync() }
 
 // writeTemp writes data to a new temporary file and syncs it, so that the
 // link or rename that follows makes a complete file visible.
 func writeTemp(path string, data []byte) error {
-	fd, err := open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
-	err = writeAll(fd, data)
+	_, err = f.Write(data)
 	if err == nil {
-		err = syncFile(path, fd)
+		err = syncFile(path, f)
 	}
-	if cerr := unix.Close(fd); err == nil {
+	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		unix.Unlink(path)
+		os.Remove(path)
 	}
 	return err
 }
