@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
 
 // Fence is a lock.Fence kept in Redis: one string key per fenced key,
 // <prefix>fence/{<escaped key>}, holding the highest accepted token in
-// decimal. RejectIfStale is one script, so the compare and the record are
-// one atomic step on the server, and one round trip.
+// decimal. RejectIfStale is one script (lua/fence.lua), so the compare and
+// the record are one atomic step on the server, and one round trip.
 //
 // The records have no expiry, on purpose: a fence that forgot its highest
 // token would let a stale writer through. Run the server with a
@@ -75,29 +74,6 @@ func (f *Fence) Key(key string) string { return f.prefix + "fence/{" + backend.E
 
 // Key returns the Redis key that holds key's ledger record.
 func (l *Ledger) Key(key string) string { return l.prefix + "done/{" + backend.Escape(key) + "}" }
-
-// fenceScript records ARGV[1] in KEYS[1] unless a higher token is recorded.
-// Reply: {1} accepted, or {0, the recorded token} stale.
-//
-// Tokens travel and are stored as decimal strings without leading zeros and
-// are compared as such, length first and then byte by byte: Lua numbers are
-// doubles, exact only up to 2^53, and Lua's string '<' follows the server's
-// collation locale.
-var fenceScript = redis.NewScript(`
-local tok, cur = ARGV[1], redis.call('GET', KEYS[1])
-if cur then
-  local below = #tok < #cur
-  if #tok == #cur then
-    for i = 1, #tok do
-      local a, b = string.byte(tok, i), string.byte(cur, i)
-      if a ~= b then below = a < b break end
-    end
-  end
-  if below then return {0, cur} end
-end
-redis.call('SET', KEYS[1], tok)
-return {1}
-`)
 
 // RejectIfStale records token as the highest for key, or returns an error
 // matching lock.ErrStaleToken, recording nothing, if a higher token is

@@ -14,21 +14,17 @@ import (
 
 // Holder is one held lock or semaphore permit.
 type Holder struct {
-	f    *Factory
-	name string
-	k    keys
-	id   string // random, unique per acquisition: what Release and Extend compare (see newID)
-	// The mutex release script's keys (lock, tombstone) and arguments,
-	// built once.
-	relKeys []string
-	relArgs [3]any
-	ls      lease
-	token   uint64
-	opts    *lock.Options
-	ctx     context.Context // the Acquire context without its cancellation, for reports
-	start   time.Time
-	state   *backend.State
-	relMu   sync.Mutex // one Release at a time
+	f     *Factory
+	name  string
+	k     keys
+	id    string // random, unique per acquisition: what Release and Extend compare (see newID)
+	ls    lease
+	token uint64
+	opts  *lock.Options
+	ctx   context.Context // the Acquire context without its cancellation, for reports
+	start time.Time
+	state *backend.State
+	relMu sync.Mutex // one Release at a time
 
 	// dirty: the holder was declared lost by its own clock and its key
 	// may still be on the server; a later Release removes it.
@@ -48,12 +44,11 @@ type Holder struct {
 	releasing, gone bool
 }
 
-// newHolder returns the holder of a confirmed acquire. kl is k.attemptKeys(id).
-func (f *Factory) newHolder(ctx context.Context, name string, k keys, kl []string, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
+// newHolder returns the holder of a confirmed acquire.
+func (f *Factory) newHolder(ctx context.Context, name string, k keys, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
 	h := &Holder{
 		f: f, name: name, k: k, id: id, ls: ls, token: a.token, opts: o,
 		ctx: context.WithoutCancel(ctx), start: a.sent, state: backend.NewState(), auto: renew,
-		relKeys: []string{kl[0], kl[4]}, relArgs: [3]any{id, k.channel, ls.ttlArg},
 	}
 	h.confirmLocked(a.sent)
 	return h
@@ -68,10 +63,7 @@ func (h *Holder) releaseContext() (context.Context, context.CancelFunc) {
 // runRelease runs the release script: 1 if it removed this holder's lock
 // or permit, 0 if it was no longer there.
 func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
-	if h.ls.limit == 1 {
-		return mutexRelease.Run(ctx, h.f.c, h.relKeys, h.relArgs[:]...)
-	}
-	sc, keys, args := releaseCall(h.k, h.relKeys[1], h.id, h.ls)
+	sc, keys, args := releaseCall(h.k, h.id, h.ls)
 	return sc.Run(ctx, h.f.c, keys, args...)
 }
 

@@ -46,13 +46,13 @@
 package redislock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"reflect"
 	"sort"
@@ -111,11 +111,6 @@ type Factory struct {
 	opts  lock.Options
 	err   error
 	owner string // pid@host, the default for WithOwner
-	meta  string // the stored metadata when no call sets its own
-	// For a call without options: its lease and metadata, ready as
-	// script arguments.
-	lease   lease
-	metaArg any
 	// together: every key seems to live on one server (a *redis.Client,
 	// not a cluster or a ring client), so one script may renew many names.
 	// Cleared if the server says otherwise (a plain client on a cluster).
@@ -146,10 +141,6 @@ func NewFactory(client Client, opts ...Option) *Factory {
 	f.hub.f = f
 	_, together := client.(*redis.Client)
 	f.together.Store(together)
-	if f.err == nil {
-		f.meta, f.err = f.encodeMeta(&o)
-	}
-	f.lease, f.metaArg = leaseOf(&f.opts), f.meta
 	return f
 }
 
@@ -200,8 +191,9 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	})
 }
 
-// keys are the Redis keys and channel of one name. tomb is the prefix of
-// its tombstone keys, one per given-up id (see tombOf).
+// keys are the Redis keys and channel of one name, all tagged with
+// {<escaped name>} so that they share a cluster slot. tomb is the prefix
+// of its tombstone keys, one per given-up id (see tombOf).
 type keys struct {
 	lock, token, slots, permits, channel, tomb string
 }
@@ -210,32 +202,14 @@ func keysFor(prefix, name string) keys {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
-	// All six are <prefix>{<escaped name>}:<suffix>; build them in one
-	// allocation, as every Acquire does this.
-	esc := backend.Escape(name)
-	suffixes := [...]string{"lock", "token", "slots", "permits", "released", "tomb:"}
-	n := 0
-	for _, x := range suffixes {
-		n += len(prefix) + len(esc) + 3 + len(x)
-	}
-	var b strings.Builder
-	b.Grow(n)
-	var ends [len(suffixes)]int
-	for i, x := range suffixes {
-		b.WriteString(prefix)
-		b.WriteByte('{')
-		b.WriteString(esc)
-		b.WriteString("}:")
-		b.WriteString(x)
-		ends[i] = b.Len()
-	}
-	all := b.String()
+	base := prefix + "{" + backend.Escape(name) + "}:"
 	return keys{
-		lock: all[:ends[0]], token: all[ends[0]:ends[1]], slots: all[ends[1]:ends[2]],
-		permits: all[ends[2]:ends[3]], channel: all[ends[3]:ends[4]], tomb: all[ends[4]:ends[5]],
+		lock: base + "lock", token: base + "token", slots: base + "slots",
+		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
 	}
 }
 
+// list is the keys every semaphore script takes.
 func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
 
 // tombOf is the tombstone key of the acquisition with this id: written when
@@ -245,34 +219,28 @@ func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.perm
 // retried).
 func (k keys) tombOf(id string) string { return k.tomb + semID(id) }
 
-// attemptKeys are the acquire scripts' keys: k.list() and the id's
-// tombstone.
-func (k keys) attemptKeys(id string) []string {
-	return []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
-}
-
-// lease holds the resolved settings of one acquisition.
+// lease holds what an acquisition needs of its call's options.
 type lease struct {
 	ttl    time.Duration
 	margin time.Duration // the holder gives up this long before the server's expiry
 	limit  int
-	ttlArg any // ttl in milliseconds as a script argument; also how long a tombstone lives
+	meta   string // owner and metadata as stored for Inspect
 }
 
-func leaseOf(o *lock.Options) lease {
-	ttl := o.TTL
-	if ttl == 0 {
-		ttl = DefaultTTL
-	}
-	ttl = ttl.Truncate(time.Millisecond) // what Redis stores
-	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), ttlArg: ttl.Milliseconds()}
-}
-
+// resolve applies a call's options over the factory's.
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
 	return backend.Resolve(f.opts, f.err, name, opts, checkOptions)
 }
 
 func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
+
+// leaseOf turns resolved options into the lease of one acquisition.
+func (f *Factory) leaseOf(o *lock.Options) lease {
+	ttl := cmp.Or(o.TTL, DefaultTTL).Truncate(time.Millisecond) // what Redis stores
+	// A string and a map of strings always marshal.
+	m, _ := json.Marshal(meta{Owner: cmp.Or(o.Owner, f.owner), Metadata: o.Metadata})
+	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: string(m)}
+}
 
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
@@ -294,123 +262,74 @@ type attempt struct {
 	sent   time.Time
 }
 
+// take runs the acquire script until it gets the lock, or with WithWait
+// until ctx ends (see wait.go for how a waiter is woken). Every attempt of
+// one call uses the same id.
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
 	if f.isClosed() {
 		return nil, 0, lock.ErrClosed
 	}
 	k := keysFor(o.KeyPrefix, name)
+	ls := f.leaseOf(o)
 	id := newID()
-	kl := k.attemptKeys(id)
-	ls, meta := f.lease, f.metaArg
-	if o != &f.opts {
-		ls = leaseOf(o)
-		m, err := f.encodeMeta(o)
-		if err != nil {
+	var w *waiter
+	// Others in this process wait already: queue behind them rather than
+	// overtake them. The release that frees the lock wakes the first of
+	// them, and each in turn.
+	queued := o.Wait && f.hub.waiting(k.channel) > 0
+	return backend.Wait(ctx, backend.Waiting{
+		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
+		// A release wakes the first waiter; a holder that dies without
+		// releasing is noticed when its lease runs out (the attempt's
+		// hint), at the latest after maxPoll.
+		MinPoll: maxPoll, MaxPoll: maxPoll,
+		Queued: queued,
+		Subscribe: func() (backend.Subscription, error) {
+			var ahead int
+			w, ahead = f.hub.join(k.channel, ls.limit)
+			if queued && ahead == 0 {
+				signal(w) // those it queued behind are gone: its turn
+			}
+			return w, nil
+		},
+	}, func() (*Holder, time.Duration, error) {
+		if err := ctx.Err(); err != nil {
 			return nil, 0, err
 		}
-		meta = m
-	}
-	var (
-		w         *waiter
-		waitStart time.Time
-		acquired  bool
-		poll      = maxPoll // until an attempt tells how long the holder's lease has left
-		skipTry   bool
-	)
-	defer func() {
+		a, err := f.try(ctx, k, id, ls)
+		switch {
+		case err != nil:
+			return nil, 0, err
+		case a.status == 0:
+			return nil, max(a.pttl, time.Millisecond), ErrLocked
+		case a.status < 0:
+			return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
+		}
+		h := f.newHolder(ctx, name, k, id, ls, o, a, renew)
+		if !f.rn.add(h) {
+			h.Release()
+			return nil, 0, lock.ErrClosed
+		}
 		if w != nil {
-			f.hub.leave(w, acquired, ls.limit)
+			w.acquired = true
 		}
-	}()
-	waited := func() time.Duration {
-		if waitStart.IsZero() {
-			return 0
-		}
-		return time.Since(waitStart)
-	}
-	if o.Wait && f.hub.waiting(k.channel) > 0 {
-		// Others in this process wait already: queue behind them rather
-		// than overtake them. The release that frees the lock wakes the
-		// first of them, and each in turn.
-		waitStart = time.Now()
-		var fresh bool
-		var ahead int
-		w, fresh, ahead = f.hub.join(k.channel)
-		skipTry = fresh || ahead > 0
-	}
-	for {
-		if !skipTry {
-			a, err := f.try(ctx, kl, k, id, ls, meta)
-			switch {
-			case err != nil:
-				if w != nil && ctx.Err() != nil {
-					return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-				}
-				return nil, waited(), err
-			case a.status == 1:
-				h := f.newHolder(ctx, name, k, kl, id, ls, o, a, renew)
-				if !f.rn.add(h) {
-					h.Release()
-					return nil, waited(), lock.ErrClosed
-				}
-				acquired = true
-				return h, waited(), nil
-			case a.status < 0:
-				return nil, waited(), fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
-			case !o.Wait:
-				return nil, 0, ErrLocked
-			}
-			poll = a.pttl
-			if w == nil {
-				waitStart = time.Now()
-				var fresh bool
-				var ahead int
-				w, fresh, ahead = f.hub.join(k.channel)
-				if !fresh && ahead == 0 {
-					// This process already listens on the channel, so a
-					// release from now on wakes us; one from before we
-					// joined would be missed: look again at once.
-					continue
-				}
-			}
-		}
-		skipTry = false
-		// A fresh subscription wakes us once the server confirms it; a
-		// release wakes the first waiter; a holder that dies without
-		// releasing is noticed when its lease runs out.
-		t := time.NewTimer(min(max(poll, time.Millisecond), maxPoll))
-		select {
-		case <-w.wake:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		case <-f.closing:
-			t.Stop()
-			return nil, waited(), lock.ErrClosed
-		}
-		t.Stop()
-		if err := ctx.Err(); err != nil {
-			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		}
-	}
+		return h, 0, nil
+	})
 }
 
-// try runs the acquire script once. kl is k.attemptKeys(id).
-func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls lease, meta any) (attempt, error) {
+// try runs the acquire script once.
+func (f *Factory) try(ctx context.Context, k keys, id string, ls lease) (attempt, error) {
 	a := attempt{sent: time.Now()}
+	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
 	var cmd *redis.Cmd
 	if ls.limit == 1 {
-		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttlArg, meta, retentionArg)
+		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds())
 	} else {
-		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttlArg, ls.limit, meta, retentionArg)
+		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttl.Milliseconds(), ls.limit, ls.meta, tokenRetention.Milliseconds())
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		f.abandon(ctx, k, kl[4], id, ls)
+		f.abandon(ctx, k, id, ls)
 		return a, fmt.Errorf("redislock: acquire: %w", err)
 	}
 	arr, ok := res.([]any)
@@ -451,10 +370,10 @@ func (f *Factory) try(ctx context.Context, kl []string, k keys, id string, ls le
 // script may have run, or run in part, and its reply been lost, or it may
 // still be on its way. So it releases the lock by the attempt's id (unique,
 // so this cannot touch anyone else's), which also writes the id's
-// tombstone, tomb. It runs in the background, bounded by its own timeout:
-// the caller's ctx may be over, and a server that does not answer would
+// tombstone. It runs in the background, bounded by its own timeout: the
+// caller's ctx may be over, and a server that does not answer would
 // otherwise keep the caller waiting for that long. Close waits for it.
-func (f *Factory) abandon(ctx context.Context, k keys, tomb, id string, ls lease) {
+func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 	f.mu.Lock()
 	tracked := !f.closed // Close may be waiting on wg already
 	if tracked {
@@ -467,22 +386,19 @@ func (f *Factory) abandon(ctx context.Context, k keys, tomb, id string, ls lease
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
 		defer cancel()
-		s, keys, args := releaseCall(k, tomb, id, ls)
+		s, keys, args := releaseCall(k, id, ls)
 		s.Run(cctx, f.c, keys, args...)
 	}()
 }
 
-// retentionArg is tokenRetention as a script argument, boxed once.
-var retentionArg any = tokenRetention.Milliseconds()
-
 // releaseCall is the script, keys and arguments that release the lock or
-// permit with this id and write its tombstone, tomb (k.tombOf(id)), for
-// one TTL.
-func releaseCall(k keys, tomb, id string, ls lease) (*redis.Script, []string, []any) {
+// permit with this id and write its tombstone, for one TTL.
+func releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
+	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
 	if ls.limit == 1 {
-		return mutexRelease, []string{k.lock, tomb}, []any{id, k.channel, ls.ttlArg}
+		return mutexRelease, []string{k.lock, tomb}, []any{id, k.channel, ttl}
 	}
-	return semRelease, []string{k.lock, k.token, k.slots, k.permits, tomb}, []any{semID(id), k.channel, ls.ttlArg}
+	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
 }
 
 // extendCall is the script, keys and arguments that extend it by ttl.
@@ -521,10 +437,7 @@ func toUint(v any) (uint64, error) {
 func newID() string {
 	var b [16]byte
 	rand.Read(b[:])
-	var s [33]byte
-	hex.Encode(s[:32], b[:])
-	s[32] = ':'
-	return string(s[:])
+	return hex.EncodeToString(b[:]) + ":"
 }
 
 // semID is id as a semaphore permit id, without the ':'.
@@ -534,21 +447,6 @@ func semID(id string) string { return id[:len(id)-1] }
 type meta struct {
 	Owner    string            `json:"owner,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
-}
-
-func (f *Factory) encodeMeta(o *lock.Options) (string, error) {
-	if f.meta != "" && o.Owner == f.opts.Owner && maps.Equal(o.Metadata, f.opts.Metadata) {
-		return f.meta, nil
-	}
-	m := meta{Owner: o.Owner, Metadata: o.Metadata}
-	if m.Owner == "" {
-		m.Owner = f.owner
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return "", fmt.Errorf("redislock: %w: metadata: %v", lock.ErrInvalidOption, err)
-	}
-	return string(b), nil
 }
 
 func (f *Factory) isClosed() bool {
@@ -648,7 +546,7 @@ func (f *Factory) Close() error {
 func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
 		h := hs[i]
-		return releaseCall(h.k, h.relKeys[1], h.id, h.ls)
+		return releaseCall(h.k, h.id, h.ls)
 	})
 }
 

@@ -241,18 +241,18 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	ctx := ctxT(t)
 	name := uniq(t, "x")
 	k := keysFor(testPrefix, name)
-	ls := leaseOf(&f.opts)
+	ls := f.leaseOf(&f.opts)
 	id := newID()
-	a1, err1 := f.try(ctx, k.attemptKeys(id), k, id, ls, "{}")
-	a2, err2 := f.try(ctx, k.attemptKeys(id), k, id, ls, "{}")
+	a1, err1 := f.try(ctx, k, id, ls)
+	a2, err2 := f.try(ctx, k, id, ls)
 	if err1 != nil || err2 != nil || a1.status != 1 || a2.status != 1 || a1.token != a2.token {
 		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", a1, err1, a2, err2)
 	}
 	other := newID()
-	if a3, err := f.try(ctx, k.attemptKeys(other), k, other, ls, "{}"); err != nil || a3.status != 0 || a3.pttl <= 0 {
+	if a3, err := f.try(ctx, k, other, ls); err != nil || a3.status != 0 || a3.pttl <= 0 {
 		t.Fatalf("another id: %+v %v; want locked with the lease left", a3, err)
 	}
-	s, keys, args := releaseCall(k, k.tombOf(id), id, ls)
+	s, keys, args := releaseCall(k, id, ls)
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}

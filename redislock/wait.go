@@ -14,11 +14,13 @@ import (
 // Waiting. The release script publishes on the name's channel. A factory
 // keeps one pub/sub connection, subscribed to the channels of the names its
 // callers wait for, and wakes the first of its waiters of a name per
-// release (FIFO within the process). A waiter subscribes before it looks
-// again, so a release in between is not missed: a new subscription wakes
-// every waiter of its channel once the server confirms it, and so does the
-// re-subscription after a reconnect, which covers releases published while
-// the connection was down.
+// release (FIFO within the process). A waiter is the backend.Subscription
+// of one waiting Acquire: backend.Wait joins it at the first contention and
+// then looks again at once, so a release in between is not missed. A new
+// subscription wakes every waiter of its channel once the server confirms
+// it (go-redis sends SUBSCRIBE without waiting for the reply, so the look
+// may have come first), and so does the re-subscription after a reconnect,
+// which covers releases published while the connection was down.
 type hub struct {
 	f *Factory
 
@@ -32,10 +34,23 @@ type hub struct {
 	closed bool
 }
 
+// waiter is one waiting Acquire's place in the queue of its channel.
 type waiter struct {
-	ch   string
-	wake chan struct{} // buffered 1
+	h     *hub
+	ch    string
+	wake  chan struct{} // buffered 1
+	limit int
+	// acquired: the wait ended with the lock, set by the attempt that got
+	// it (on the waiting goroutine, before Close).
+	acquired bool
 }
+
+// Wake returns the channel a release of the name, or the server's
+// confirmation of the subscription, sends on.
+func (w *waiter) Wake() <-chan struct{} { return w.wake }
+
+// Close takes the waiter out of the queue.
+func (w *waiter) Close() { w.h.leave(w) }
 
 const (
 	// lingerTime keeps an idle pub/sub connection open a little, for the
@@ -53,11 +68,11 @@ func signal(w *waiter) {
 	}
 }
 
-// join queues a waiter on ch. fresh reports that this process was not
-// listening on ch yet: the waiter is woken when the subscription is live.
-// ahead is the number of waiters queued before it.
-func (h *hub) join(ch string) (w *waiter, fresh bool, ahead int) {
-	w = &waiter{ch: ch, wake: make(chan struct{}, 1)}
+// join queues a waiter on ch, for a name of this semaphore limit, and
+// subscribes to ch if this process did not listen on it yet. ahead is the
+// number of waiters queued before it.
+func (h *hub) join(ch string, limit int) (w *waiter, ahead int) {
+	w = &waiter{h: h, ch: ch, wake: make(chan struct{}, 1), limit: limit}
 	h.mu.Lock()
 	if h.chans == nil {
 		h.chans = map[string][]*waiter{}
@@ -66,11 +81,10 @@ func (h *hub) join(ch string) (w *waiter, fresh bool, ahead int) {
 	h.chans[ch] = append(ws, w)
 	closed := h.closed
 	h.mu.Unlock()
-	if listening || closed {
-		return w, false, len(ws)
+	if !listening && !closed {
+		h.sync()
 	}
-	h.sync()
-	return w, true, 0
+	return w, len(ws)
 }
 
 // waiting reports how many callers wait on ch.
@@ -84,7 +98,7 @@ func (h *hub) waiting(ch string) int {
 // got the lock through an earlier wake) passes to the next waiter, and so
 // does the turn after a semaphore permit was taken: another permit may be
 // free.
-func (h *hub) leave(w *waiter, acquired bool, limit int) {
+func (h *hub) leave(w *waiter) {
 	h.mu.Lock()
 	ws := h.chans[w.ch]
 	if i := slices.Index(ws, w); i >= 0 {
@@ -98,7 +112,7 @@ func (h *hub) leave(w *waiter, acquired bool, limit int) {
 	}
 	if len(ws) > 0 {
 		h.chans[w.ch] = ws
-		if pending || !acquired || limit > 1 {
+		if pending || !w.acquired || w.limit > 1 {
 			signal(ws[0])
 		}
 		h.mu.Unlock()
