@@ -17,10 +17,13 @@ import (
 // release (FIFO within the process). A waiter is the backend.Subscription
 // of one waiting Acquire: backend.Wait joins it at the first contention and
 // then looks again at once, so a release in between is not missed. A new
-// subscription wakes every waiter of its channel once the server confirms
-// it (go-redis sends SUBSCRIBE without waiting for the reply, so the look
-// may have come first), and so does the re-subscription after a reconnect,
-// which covers releases published while the connection was down.
+// subscription wakes the first waiter of its channel once the server
+// confirms it (go-redis sends SUBSCRIBE without waiting for the reply, so
+// the look may have come first), and so does the re-subscription after a
+// reconnect, which covers releases published while the connection was
+// down. The first waiter is enough: the ones behind it get their turn when
+// it takes the lock and releases it, takes a permit (another may be free)
+// or gives up. Waking them all would let one behind overtake it.
 type hub struct {
 	f *Factory
 
@@ -293,28 +296,21 @@ func (h *hub) read(ps *redis.PubSub) {
 		pinged, backoff = false, 10*time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Message:
-			h.notify(m.Channel, false)
+			h.notify(m.Channel)
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				h.notify(m.Channel, true)
+				h.notify(m.Channel)
 			}
 		}
 	}
 }
 
-// notify wakes the first waiter of ch, or all of them.
-func (h *hub) notify(ch string, all bool) {
+// notify wakes the first waiter of ch.
+func (h *hub) notify(ch string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	ws := h.chans[ch]
-	if len(ws) == 0 {
-		return
-	}
-	if !all {
-		ws = ws[:1]
-	}
-	for _, w := range ws {
-		signal(w)
+	if ws := h.chans[ch]; len(ws) > 0 {
+		signal(ws[0])
 	}
 }
 
