@@ -311,9 +311,9 @@ func FuzzOptions(f *testing.F) {
 		}
 		switch b {
 		case "flock":
-			opts = append(opts, flock.WithPruneAfter(time.Duration(extra)))
+			opts = append(opts, flock.WithSweepAfter(time.Duration(extra)))
 			if extra < 0 {
-				bad("negative WithPruneAfter")
+				bad("negative WithSweepAfter")
 			}
 		case "pglock":
 			s := int(extra % 100)

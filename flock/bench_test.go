@@ -75,7 +75,8 @@ func BenchmarkFloorCounter(b *testing.B) {
 }
 
 // BenchmarkAcquireRelease is one uncontended mutex acquire and release:
-// after the first, of a kept descriptor (FloorKept is its system calls).
+// open, lock, read and write the record, close (FloorCounter is about its
+// system calls).
 func BenchmarkAcquireRelease(b *testing.B) {
 	f := flock.NewFactory(flock.WithDir(b.TempDir()), flock.WithLogger(nil))
 	defer f.Close()

@@ -1,13 +1,11 @@
 package flock
 
+import "github.com/ubgo/lock/internal/dirwatch"
+
 // Waiters is how many Acquire calls of this process are waiting, so tests
 // can act once a waiter waits.
-func Waiters() int64 { return waits.n.Load() }
+func Waiters() int64 { return waiting.Load() }
 
-// Idle reports whether a released descriptor of name in dir is kept.
-func Idle(dir, name string) bool {
-	idle.Lock()
-	defer idle.Unlock()
-	e := idle.m[idleKey{dir, name}]
-	return e != nil && e.fd != noFile
-}
+// SignalForTest wakes the waiters of the escaped name esc in dir, as a
+// release in this process does.
+func SignalForTest(dir, esc string) { dirwatch.Signal(dir, esc) }

@@ -25,17 +25,17 @@
 // Assumptions: every process uses this package (or its protocol) on the
 // same directory of a local file system (one host); nobody deletes,
 // renames or rewrites lock files by hand while they may be in use
-// (Factory.Prune is the safe way to remove them; a holder whose file
+// (Factory.Sweep is the safe way to remove them; a holder whose file
 // vanishes anyway is reported lost within WithCheckInterval). flock on
 // network file systems is emulated or absent and is not supported.
 //
-// Lock files are removed by sweeps (WithPruneAfter, Factory.Prune): a
-// sweeper takes the name's exclusive lock, marks the file dead, unlinks it
-// and only then unlocks; an acquirer that locks a file marked dead drops it
-// and opens the path again. That closes the classic race in which one
-// process locks an unlinked inode while another locks a new file at the
-// same path. docs/guides/flock.md describes the files, the options and the
-// failure modes.
+// Lock files stay until a sweep removes them (Factory.Sweep, or
+// automatically with WithSweepAfter): a sweeper takes the name's exclusive
+// lock, marks the file dead, unlinks it and only then unlocks; an acquirer
+// that locks a file marked dead drops it and opens the path again. That
+// closes the classic race in which one process locks an unlinked inode
+// while another locks a new file at the same path. docs/guides/flock.md
+// describes the files, the options and the failure modes.
 package flock
 
 import (
@@ -48,7 +48,6 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ubgo/lock"
@@ -74,30 +73,22 @@ const MaxPermits = 1024
 // alone.
 func DefaultDir() string { return filepath.Join(os.TempDir(), "ubgo-lock") }
 
-// errBusy is an attempt's "someone else has it": ErrLocked for a caller
-// that does not wait.
-var errBusy = errors.New("flock: busy")
-
 // Factory acquires locks in a directory. Factories, and processes, that
 // use the same directory contend for the same names.
 type Factory struct {
-	opts   lock.Options
-	err    error
-	check  time.Duration
-	prune  time.Duration // pruneAfter(&opts)
-	dir    string        // opts.Dir resolved, or its error in err
-	sweepN atomic.Int64  // unix nanos before which autoPrune of dir need not look
+	opts  lock.Options
+	err   error
+	check time.Duration // WithCheckInterval
+	dir   string        // opts.Dir resolved, or its error in err
 
-	closing atomic.Bool // set with closed: idle descriptors are no longer kept
+	ctx    context.Context // cancelled by Close: ends waits and sweeps
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background sweeps
 
 	mu     sync.Mutex
-	held   *Holder     // the holders, linked through Holder.prev and next
-	timer  *time.Timer // verifies held files
-	armed  bool        // timer is pending
+	held   map[*Holder]struct{}
+	timer  *time.Timer // verifies held files; nil when none is pending
 	closed bool
-	ctx    context.Context // cancelled by Close: stops waiters and sweeps
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 // NewFactory returns a factory whose options are the defaults for every
@@ -105,10 +96,7 @@ type Factory struct {
 func NewFactory(opts ...Option) *Factory {
 	o, err := lock.Apply(lock.Options{}, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &Factory{
-		opts: o, err: err, check: checkInterval(&o), prune: pruneAfter(&o),
-		ctx: ctx, cancel: cancel,
-	}
+	f := &Factory{opts: o, err: err, check: checkInterval(&o), ctx: ctx, cancel: cancel, held: map[*Holder]struct{}{}}
 	if f.err == nil {
 		if f.dir, err = resolveDir(o.Dir); err != nil {
 			f.err = fmt.Errorf("flock: %w", err)
@@ -136,6 +124,13 @@ func (f *Factory) dirOf(o *lock.Options) (string, error) {
 		return "", fmt.Errorf("flock: %w", err)
 	}
 	return dir, nil
+}
+
+func resolveDir(dir string) (string, error) {
+	if dir == "" {
+		dir = DefaultDir()
+	}
+	return filepath.Abs(dir)
 }
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
@@ -169,57 +164,20 @@ func (f *Factory) Close() error {
 		return nil
 	}
 	f.closed = true
-	f.closing.Store(true)
 	f.cancel()
-	held := f.heldList()
+	held := make([]*Holder, 0, len(f.held))
+	for h := range f.held {
+		held = append(held, h)
+	}
 	if f.timer != nil {
 		f.timer.Stop()
-		f.armed = false
 	}
 	f.mu.Unlock()
 	for _, h := range held {
 		h.lose()
 	}
-	closeIdle(f)
 	f.wg.Wait()
 	return nil
-}
-
-// call is one resolved Acquire.
-type call struct {
-	f        *Factory
-	ctx      context.Context
-	name     string
-	o        *lock.Options
-	limit    int
-	dir, esc string
-	namePath string
-	start    time.Time // when Acquire began: the time of a first attempt
-}
-
-// now is the time of an attempt: Acquire's start for the first, which
-// spares a clock read on the fast path.
-func (c *call) now(first bool) time.Time {
-	if first {
-		return c.start
-	}
-	return time.Now()
-}
-
-func (c *call) file(suffix string) string {
-	return c.dir + string(os.PathSeparator) + c.esc + suffix
-}
-
-func (c *call) slotPath(i int) string { return c.file("." + strconv.Itoa(i) + ".lock") }
-
-func resolveDir(dir string) (string, error) {
-	if dir == "" {
-		dir = DefaultDir()
-	}
-	if !filepath.IsAbs(dir) {
-		return filepath.Abs(dir)
-	}
-	return filepath.Clean(dir), nil
 }
 
 func checkPermits(o *lock.Options) error {
@@ -235,147 +193,85 @@ func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Hol
 	var h *Holder
 	var wait time.Duration
 	if err == nil {
-		h, wait, err = f.take(ctx, name, &o, start)
+		h, wait, err = f.take(ctx, name, &o)
 	}
 	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
 }
 
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options, start time.Time) (*Holder, time.Duration, error) {
+// take makes attempts until one gets the lock, in backend.Wait. The
+// attempt keeps its descriptors open from one try to the next, so a
+// waiter's retries close no file (see wait.go).
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	if f.closing.Load() {
+	if f.ctx.Err() != nil {
 		return nil, 0, lock.ErrClosed
 	}
 	dir, err := f.dirOf(o)
 	if err != nil {
 		return nil, 0, err
 	}
-	c := &call{f: f, ctx: ctx, name: name, o: o, limit: o.Limit(), dir: dir, start: start}
-	m := mutexAttempt{fd: noFile}
-	var s *semAttempt
-	if c.limit > 1 {
-		s = newSemAttempt(c.limit)
-	} else if !sysKeepOpen {
-		// Every release closes: there is nothing idle to take.
-	} else if e, ok := takeIdle(dir, name); ok {
-		c.esc, c.namePath = e.esc, e.path
-		m.fd, m.board, m.cached = e.fd, e.board, true
-		m.stale = start.Sub(e.since) > f.idleTrust()
-	}
-	if c.namePath == "" {
-		c.esc = backend.Escape(name)
-		c.namePath = c.file(".lock")
-	}
-	esc := c.esc
-	prune := f.prune
-	if o != &f.opts {
-		prune = pruneAfter(o)
-	}
-	f.autoPrune(dir, prune, start)
+	c := newCall(dir, backend.Escape(name))
+	c.f, c.ctx, c.name, c.o, c.limit = f, ctx, name, o, o.Limit()
+	f.autoSweep(dir, sweepAfter(o))
 
-	var (
-		q         *waitq
-		stopWatch func()
-		uncount   func()
-		timer     *time.Timer
-		began     time.Time
-		backoff   time.Duration
-		ceiling   = maxPoll
-		swept     int
-	)
-	defer func() {
-		if s != nil {
-			s.close()
-		} else {
-			m.close()
-		}
-		if q != nil {
-			unsubscribe(waitKey(dir, esc), q)
-			stopWatch()
-			uncount()
-			timer.Stop()
-		}
-	}()
-	waited := func() time.Duration {
-		if q == nil {
-			return 0
-		}
-		return time.Since(began)
+	var a attempt = &mutexAttempt{fd: noFile}
+	if c.limit > 1 {
+		a = newSemAttempt(c.limit)
 	}
-	for {
-		var signal <-chan struct{}
-		if q != nil {
-			signal = q.signal()
-		}
-		var h *Holder
-		if s != nil {
-			h, err = s.try(c)
-		} else {
-			h, err = m.try(c)
+	defer a.close()
+	watched := false
+	swept := 0
+	w := backend.Waiting{
+		Wait: o.Wait, Locked: ErrLocked, Closed: f.ctx.Done(),
+		MinPoll: minPoll, MaxPoll: maxPoll,
+		Subscribe: func() (backend.Subscription, error) {
+			s := subscribe(dir, c.esc)
+			watched = s.Watched()
+			return s, nil
+		},
+	}
+	return backend.Wait(ctx, w, func() (*Holder, time.Duration, error) {
+		h, err := a.try(c)
+		// A sweep holds names' files for moments: a name it held is not
+		// busy (see Factory.Sweep). A waiter is woken when it lets go.
+		for errors.Is(err, ErrLocked) && !o.Wait && swept < sweepRetries && afterSweep(ctx, dir) {
+			swept++
+			h, err = a.try(c)
 		}
 		switch {
-		case err == nil:
-			if !f.track(h) {
-				h.closeFiles(false)
-				return nil, waited(), lock.ErrClosed
-			}
-			return h, waited(), nil
-		case err != errBusy:
-			if ctx.Err() != nil && o.Wait && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-				return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-			}
-			return nil, waited(), err
-		case !o.Wait:
-			// A sweep holds names' files for moments: a name it held is
-			// not busy (see Factory.Prune).
-			if swept < sweepRetries && afterSweep(ctx, dir) {
-				swept++
-				continue
-			}
-			return nil, 0, ErrLocked
-		case q == nil:
-			// Subscribe, then try again at once: a release between the
-			// first attempt and the subscription is not missed.
-			began = time.Now()
-			q = subscribe(waitKey(dir, esc))
-			uncount = func() {}
-			var inotified bool
-			if stopWatch, inotified = watchDir(dir); inotified {
-				// Count this waiter before the next try, so that a
-				// release in another process after it closes its file
-				// and so makes the event inotify reports.
-				if uncount, inotified = countWaiter(dir, esc); inotified {
-					ceiling = maxPollInotified
-				}
-			}
-			backoff = minPoll
-			timer = time.NewTimer(time.Hour)
-			continue
+		case err == nil && !f.track(h):
+			h.closeFiles()
+			return nil, 0, lock.ErrClosed
+		case errors.Is(err, ErrLocked) && !watched:
+			// No inotify: polls are how releases in other processes show.
+			return nil, blindPoll, err
 		}
-		timer.Reset(backoff)
-		select {
-		case <-signal:
-			backoff = minPoll
-		case <-timer.C:
-			backoff = min(2*backoff, ceiling)
-		case <-ctx.Done():
-			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		case <-f.ctx.Done():
-			return nil, waited(), lock.ErrClosed
-		}
-	}
+		return h, 0, err
+	})
 }
 
-// idleTrust is how long an idle descriptor is taken back without
-// comparing it with the file at its path: the check interval, within
-// which a held file moved away is noticed too.
-func (f *Factory) idleTrust() time.Duration {
-	if f.check > 0 {
-		return f.check
-	}
-	return DefaultCheckInterval
+// call is one resolved Acquire, or the name a sweep or Inspect works on.
+type call struct {
+	f        *Factory
+	ctx      context.Context
+	name     string
+	o        *lock.Options
+	limit    int
+	dir, esc string
+	namePath string // <esc>.lock
 }
+
+func newCall(dir, esc string) *call {
+	c := &call{dir: dir, esc: esc}
+	c.namePath = c.file(".lock")
+	return c
+}
+
+func (c *call) file(suffix string) string { return filepath.Join(c.dir, c.esc+suffix) }
+
+func (c *call) slotPath(i int) string { return c.file("." + strconv.Itoa(i) + ".lock") }
 
 // open opens (creating) a file of the call's name, creating the directory
 // when it is missing.
@@ -404,7 +300,7 @@ func (c *call) mismatch(have int) error {
 
 // nextToken is the token after stored: one more, or the wall clock in
 // unix nanoseconds when that is larger, so a counter that was lost,
-// damaged or pruned never restarts below the tokens handed out before.
+// damaged or swept never restarts below the tokens handed out before.
 func nextToken(stored uint64, now time.Time) uint64 {
 	t := stored + 1
 	if ns := now.UnixNano(); ns > 0 && uint64(ns) > t {
@@ -422,24 +318,13 @@ var hostname = sync.OnceValue(func() string {
 })
 
 func (c *call) holderRecord(token uint64, now time.Time) record {
-	return record{token: token, pid: pid, host: hostname(), since: now.UnixNano(), owner: c.o.Owner, meta: c.o.Metadata}
+	return record{token: token, pid: pid, host: hostname(), since: now, owner: c.o.Owner, meta: c.o.Metadata}
 }
 
-func writeRecord(fd sysFile, r *record) error {
-	bp := bufs.Get().(*[]byte)
-	*bp = r.encode((*bp)[:0])
-	err := sysPwrite(fd, *bp, 0)
-	bufs.Put(bp)
-	if err != nil {
-		return fmt.Errorf("flock: writing lock file: %w", err)
-	}
-	return nil
-}
-
-// finishPrune completes a prune whose sweeper died between marking the
+// finishSweep completes a sweep whose sweeper died between marking the
 // file dead and unlinking it: the caller holds fd's exclusive lock. If the
 // dead file cannot be removed the name cannot be used, and says why.
-func (c *call) finishPrune(fd sysFile) error {
+func (c *call) finishSweep(fd sysFile) error {
 	same, err := sysSameFile(fd, c.namePath)
 	if err == nil && same {
 		err = sysRemove(c.namePath)
@@ -454,27 +339,24 @@ func (c *call) finishPrune(fd sysFile) error {
 // before it counts as busy: a sweeper holds a dead file only for moments.
 const maxDeadSpins = 3
 
+// An attempt takes a name, or reports ErrLocked and keeps its files open
+// for the next try.
+type attempt interface {
+	try(c *call) (*Holder, error)
+	close() // closes the files it still has
+}
+
 // mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
 type mutexAttempt struct {
 	fd     sysFile
-	board  *board // the board reference that came with an idle fd, or nil
-	reused bool   // fd was opened before an earlier, failed try
-	cached bool   // fd was idle (see idle.go)
-	stale  bool   // and idle for longer than the factory's idleTrust
+	reused bool // fd was opened before an earlier, failed try
 }
 
-func (m *mutexAttempt) drop() {
+func (m *mutexAttempt) close() {
 	if m.fd != noFile {
 		sysClose(m.fd)
 		m.fd = noFile
 	}
-	m.cached, m.stale = false, false
-}
-
-func (m *mutexAttempt) close() {
-	m.drop()
-	m.board.drop()
-	m.board = nil
 }
 
 func (m *mutexAttempt) try(c *call) (*Holder, error) {
@@ -497,66 +379,55 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 			rec, valid, _ := readRecord(m.fd)
 			switch {
 			case valid && rec.dead && spins < maxDeadSpins:
-				m.drop() // a sweeper is removing it: open the path again
+				m.close() // a sweeper is removing it: open the path again
 				continue
 			case valid && !rec.dead && rec.limit > 1:
 				return nil, c.mismatch(rec.limit) // semaphore permits hold it
 			}
-			return nil, errBusy
+			return nil, ErrLocked
 		}
 		rec, valid, err := readRecord(m.fd)
 		if err != nil {
-			m.drop()
+			m.close()
 			return nil, fmt.Errorf("flock: reading lock file: %w", err)
 		}
 		if valid && rec.dead {
-			err := c.finishPrune(m.fd)
-			m.drop()
+			err := c.finishSweep(m.fd)
+			m.close()
 			if err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if m.reused || m.stale {
-			// Opened long ago: make sure it is still the file at the path.
+		if m.reused {
+			// Opened before an earlier try: make sure it is still the
+			// file at the path.
 			if same, err := sysSameFile(m.fd, c.namePath); err != nil || !same {
-				m.drop()
-				if err != nil {
-					return nil, fmt.Errorf("flock: %w", err)
-				}
-				continue
-			}
-		} else if m.cached {
-			// Idle for moments: a sweep would have marked it dead; make
-			// sure nobody else removed it.
-			if linked, err := sysLinked(m.fd); err != nil || !linked {
-				m.drop()
+				m.close()
 				if err != nil {
 					return nil, fmt.Errorf("flock: %w", err)
 				}
 				continue
 			}
 		}
-		now := c.now(!m.reused && spins == 0)
 		if !valid {
-			// A new file, or a damaged one: start above every pruned
-			// name's last token, and above the clock now.
+			// A new file, or a damaged one: start above every swept
+			// name's last token, and above the clock.
 			if rec.token, err = readFence(c.ctx, c.dir); err != nil {
-				m.drop()
+				m.close()
 				return nil, err
 			}
-			now = time.Now()
 		}
+		now := time.Now()
 		token := nextToken(rec.token, now)
 		out := c.holderRecord(token, now)
 		out.limit = 1
 		if err := writeRecord(m.fd, &out); err != nil {
-			m.drop()
+			m.close()
 			return nil, err
 		}
 		h := c.newHolder(m.fd, noFile, "", token, now)
-		h.keep, h.board = sysKeepOpen, m.board
-		m.fd, m.board = noFile, nil
+		m.fd = noFile
 		return h, nil
 	}
 }
@@ -585,7 +456,7 @@ func newSemAttempt(n int) *semAttempt {
 	return s
 }
 
-func (s *semAttempt) drop() {
+func (s *semAttempt) close() {
 	for i, fd := range s.slots {
 		if fd != noFile {
 			sysClose(fd)
@@ -599,8 +470,6 @@ func (s *semAttempt) drop() {
 	s.member = false
 }
 
-func (s *semAttempt) close() { s.drop() }
-
 // errChanged: a record checked under the shared lock changed, which the
 // protocol rules out unless someone wrote the file by hand.
 var errChanged = errors.New("flock: lock file changed while shared; was it edited by hand?")
@@ -613,7 +482,7 @@ func (s *semAttempt) join(c *call) error {
 	mismatches := 0
 	for spins := 0; ; spins++ {
 		if spins >= maxJoinSpins {
-			return errBusy
+			return ErrLocked
 		}
 		if s.name == noFile {
 			fd, err := c.open(c.namePath)
@@ -630,12 +499,12 @@ func (s *semAttempt) join(c *call) error {
 			// Nobody holds the name: record our limit, keep the counter.
 			rec, valid, err := readRecord(s.name)
 			if err != nil {
-				s.drop()
+				s.close()
 				return fmt.Errorf("flock: reading lock file: %w", err)
 			}
 			if valid && rec.dead {
-				err := c.finishPrune(s.name)
-				s.drop()
+				err := c.finishSweep(s.name)
+				s.close()
 				if err != nil {
 					return err
 				}
@@ -643,22 +512,22 @@ func (s *semAttempt) join(c *call) error {
 			}
 			if !valid {
 				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
-					s.drop()
+					s.close()
 					return err
 				}
 			}
 			out := record{limit: c.limit, token: rec.token}
 			if err := writeRecord(s.name, &out); err != nil {
-				s.drop()
+				s.close()
 				return err
 			}
 			if ok, err := sysDowngrade(s.name); err != nil || !ok {
 				// The kernel let someone in between: start over.
-				s.drop()
+				s.close()
 				if err != nil {
 					return fmt.Errorf("flock: %w", err)
 				}
-				return errBusy
+				return ErrLocked
 			}
 		} else if ok, err := sysTryLock(s.name, false); err != nil {
 			return fmt.Errorf("flock: %w", err)
@@ -669,7 +538,7 @@ func (s *semAttempt) join(c *call) error {
 			rec, valid, _ := readRecord(s.name)
 			switch {
 			case valid && rec.dead && spins < maxDeadSpins:
-				s.drop()
+				s.close()
 				continue
 			case valid && !rec.dead && rec.limit != c.limit:
 				if spins < maxDeadSpins {
@@ -678,7 +547,7 @@ func (s *semAttempt) join(c *call) error {
 				}
 				return c.mismatch(rec.limit)
 			}
-			return errBusy
+			return ErrLocked
 		}
 		// Shared. Members write the record under the guard, so read it
 		// there too.
@@ -688,12 +557,12 @@ func (s *semAttempt) join(c *call) error {
 			rec, valid, err = readRecord(s.name)
 			return err
 		}); err != nil {
-			s.drop()
+			s.close()
 			return err
 		}
 		switch {
 		case valid && rec.dead:
-			s.drop()
+			s.close()
 			continue
 		case valid && rec.limit == c.limit:
 			s.member = true
@@ -702,12 +571,12 @@ func (s *semAttempt) join(c *call) error {
 		// Another limit, or no record: maybe the members it belonged to
 		// are gone and we joined only a passing shared lock (Inspect).
 		// Look once more before calling it a mismatch.
-		s.drop()
+		s.close()
 		if mismatches++; mismatches > 1 {
 			if valid {
 				return c.mismatch(rec.limit)
 			}
-			return errBusy
+			return ErrLocked
 		}
 	}
 }
@@ -738,7 +607,7 @@ func (s *semAttempt) try(c *call) (*Holder, error) {
 				same1, err1 := sysSameFile(s.name, c.namePath)
 				same2, err2 := sysSameFile(s.slots[i], c.slotPath(i))
 				if err := errors.Join(err1, err2); err != nil || !same1 || !same2 {
-					s.drop()
+					s.close()
 					if err != nil {
 						return nil, fmt.Errorf("flock: %w", err)
 					}
@@ -749,7 +618,7 @@ func (s *semAttempt) try(c *call) (*Holder, error) {
 		}
 		if s.member {
 			s.reused = true
-			return nil, errBusy
+			return nil, ErrLocked
 		}
 	}
 }
@@ -774,12 +643,12 @@ func (s *semAttempt) take(c *call, i int) (*Holder, error) {
 		err = writeRecord(s.slots[i], &out)
 	}
 	if err != nil {
-		s.drop()
+		s.close()
 		return nil, err
 	}
 	h := c.newHolder(s.name, s.slots[i], c.slotPath(i), token, now)
 	s.name, s.slots[i] = noFile, noFile
-	s.drop()
+	s.close()
 	return h, nil
 }
 
@@ -816,264 +685,6 @@ func lockSpin(ctx context.Context, fd sysFile, exclusive bool) error {
 	}
 }
 
-func (c *call) newHolder(nameFd, slotFd sysFile, slotPath string, token uint64, now time.Time) *Holder {
-	return &Holder{
-		f: c.f, name: c.name, dir: c.dir, esc: c.esc, path: c.namePath, slotPath: slotPath,
-		token: token, since: now, opts: c.o, ctx: c.ctx,
-		nameFd: nameFd, slotFd: slotFd,
-	}
-}
-
-// Holder is one held lock or semaphore permit. It owns its open files;
-// the kernel holds the lock for as long as they are open.
-type Holder struct {
-	f        *Factory
-	name     string
-	dir, esc string
-	path     string // <esc>.lock
-	slotPath string // <esc>.<i>.lock of a permit; "" for a mutex
-	token    uint64
-	since    time.Time
-	opts     *lock.Options
-	ctx      context.Context // the Acquire context, for reports (see reportCtx)
-
-	// The end of the lock: a release (err nil) or a loss. done is made by
-	// the first Done, as most holders are released without one.
-	smu   sync.Mutex
-	done  chan struct{}
-	ended bool
-	err   error
-
-	prev, next *Holder // in the factory's list, under f.mu
-
-	keep  bool   // a mutex: Release may keep nameFd open (see idle.go)
-	board *board // a reference to the directory's board, or nil
-
-	mu     sync.Mutex
-	nameFd sysFile
-	slotFd sysFile
-	closed bool
-}
-
-// reportCtx is the Acquire context without its cancellation, which has
-// nothing to do with a release or a loss: detached when reporting, not at
-// every acquire.
-func (h *Holder) reportCtx() context.Context {
-	if h.ctx.Done() == nil {
-		return h.ctx
-	}
-	return context.WithoutCancel(h.ctx)
-}
-
-// Token is the fencing token, strictly increasing per name.
-func (h *Holder) Token() uint64 { return h.token }
-
-// Done is closed when the lock is released or lost.
-func (h *Holder) Done() <-chan struct{} {
-	h.smu.Lock()
-	defer h.smu.Unlock()
-	if h.done == nil {
-		if h.ended {
-			return closedDone
-		}
-		h.done = make(chan struct{})
-	}
-	return h.done
-}
-
-var closedDone = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
-
-// Err is nil while held or after Release, and matches ErrLockLost once
-// lost.
-func (h *Holder) Err() error {
-	h.smu.Lock()
-	defer h.smu.Unlock()
-	return h.err
-}
-
-// end records the release (err nil) or loss of the lock, and reports
-// whether this call did: only the first counts.
-func (h *Holder) end(err error) bool {
-	h.smu.Lock()
-	defer h.smu.Unlock()
-	if h.ended {
-		return false
-	}
-	h.ended, h.err = true, err
-	if h.done != nil {
-		close(h.done)
-	}
-	return true
-}
-
-// Name is the name the lock was acquired under.
-func (h *Holder) Name() string { return h.name }
-
-// Path is the lock file of a mutex, or the slot file of a semaphore
-// permit.
-func (h *Holder) Path() string {
-	if h.slotPath != "" {
-		return h.slotPath
-	}
-	return h.path
-}
-
-// Release gives the lock up by closing the holder's files, or for a mutex
-// by unlocking its file and keeping it open for the next Acquire of the
-// name in this process; the kernel frees the lock at once. The files stay
-// for the next holder (sweeps remove them later). Release is idempotent;
-// after a loss it returns an error matching ErrLockLost.
-func (h *Holder) Release() error {
-	if h.closeFiles(true) {
-		h.f.untrack(h)
-		wakeName(h.dir, h.esc)
-		if h.end(nil) {
-			backend.Report(h.reportCtx(), h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
-		}
-	}
-	return h.Err()
-}
-
-// closeFiles gives the holder's files up, and reports whether this call
-// did. With keep a mutex's descriptor may stay open, unlocked (keepFile).
-func (h *Holder) closeFiles(keep bool) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return false
-	}
-	h.closed = true
-	if h.slotFd != noFile {
-		sysClose(h.slotFd)
-	}
-	if keep && h.keep {
-		h.keepFile()
-	} else {
-		sysClose(h.nameFd)
-		h.board.drop()
-	}
-	h.board = nil
-	return true
-}
-
-// keepFile unlocks the holder's descriptor and leaves it open for the next
-// Acquire of the name in this process, unless a waiter in another process
-// needs its close to learn of the release (see board_linux.go). It decides
-// to keep only after the unlock: a waiter that counts itself after that
-// look tries after the unlock, and succeeds.
-func (h *Holder) keepFile() {
-	fd, b := h.nameFd, h.board
-	if b == nil {
-		b = holdBoard(h.dir)
-	}
-	if othersWait(b, h.esc) || sysUnlock(fd) != nil || othersWait(b, h.esc) {
-		sysClose(fd) // a close unlocks, and is the event waiters need
-		b.drop()
-		return
-	}
-	putIdle(h.dir, h.name, idleFile{fd: fd, esc: h.esc, path: h.path, board: b, owner: h.f, since: h.since})
-}
-
-func (h *Holder) lose() {
-	if !h.closeFiles(false) {
-		return
-	}
-	h.f.untrack(h)
-	wakeName(h.dir, h.esc)
-	if h.end(ErrLockLost) {
-		backend.Report(h.reportCtx(), h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
-	}
-}
-
-// inPlace reports whether the holder's files are still the ones at their
-// paths. Only clear evidence counts: an error reading them does not.
-func (h *Holder) inPlace() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return true
-	}
-	if same, err := sysSameFile(h.nameFd, h.path); err == nil && !same {
-		return false
-	}
-	if h.slotFd != noFile {
-		if same, err := sysSameFile(h.slotFd, h.slotPath); err == nil && !same {
-			return false
-		}
-	}
-	return true
-}
-
-func (f *Factory) track(h *Holder) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return false
-	}
-	if h.next = f.held; h.next != nil {
-		h.next.prev = h
-	}
-	f.held = h
-	if f.check > 0 && !f.armed {
-		if f.timer == nil {
-			f.timer = time.AfterFunc(f.check, f.verify)
-		} else {
-			f.timer.Reset(f.check)
-		}
-		f.armed = true
-	}
-	return true
-}
-
-func (f *Factory) untrack(h *Holder) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	switch {
-	case h.prev != nil:
-		h.prev.next = h.next
-	case f.held == h:
-		f.held = h.next
-	default:
-		return // not tracked
-	}
-	if h.next != nil {
-		h.next.prev = h.prev
-	}
-	h.prev, h.next = nil, nil
-}
-
-// heldList returns the factory's holders; the caller holds f.mu.
-func (f *Factory) heldList() []*Holder {
-	var held []*Holder
-	for h := f.held; h != nil; h = h.next {
-		held = append(held, h)
-	}
-	return held
-}
-
-// verify runs every check interval while the factory holds locks; the
-// timer is left to run out, not stopped, when the last lock is released,
-// which keeps timer work off the acquire and release path.
-func (f *Factory) verify() {
-	f.mu.Lock()
-	held := f.heldList()
-	f.mu.Unlock()
-	for _, h := range held {
-		if !h.inPlace() {
-			h.lose()
-		}
-	}
-	f.mu.Lock()
-	if f.armed = f.held != nil && !f.closed; f.armed {
-		f.timer.Reset(f.check)
-	}
-	f.mu.Unlock()
-}
-
 // Inspect reports who holds name, from the lock files: the holder's
 // token, owner (WithOwner, or pid@host), start time and metadata. It
 // takes shared locks for a moment to tell a held file from a free one, so
@@ -1089,8 +700,8 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err != nil {
 		return lock.Info{}, err
 	}
-	c := &call{name: name, dir: dir, esc: backend.Escape(name)}
-	c.namePath = c.file(".lock")
+	c := newCall(dir, backend.Escape(name))
+	c.name = name
 	for i := 0; ; i++ {
 		info, again, err := c.inspect()
 		if !again || i >= 20 {
@@ -1121,7 +732,7 @@ func (c *call) inspect() (info lock.Info, again bool, err error) {
 	if err != nil {
 		return info, false, fmt.Errorf("flock: %w", err)
 	}
-	rec, valid, err := readHolder(fd)
+	rec, valid, err := readRecord(fd)
 	if err != nil {
 		return info, false, fmt.Errorf("flock: %w", err)
 	}
@@ -1146,7 +757,7 @@ func (c *call) inspect() (info lock.Info, again bool, err error) {
 			continue
 		}
 		if free, err := sysTryLock(sfd, false); err == nil && !free {
-			if srec, ok, _ := readHolder(sfd); ok {
+			if srec, ok, _ := readRecord(sfd); ok {
 				info.Holders = append(info.Holders, holderInfo(srec))
 			}
 		}
@@ -1166,12 +777,9 @@ func fileHasData(fd sysFile) bool {
 }
 
 func holderInfo(r record) lock.HolderInfo {
-	hi := lock.HolderInfo{Token: r.token, Owner: r.owner, Metadata: r.meta}
+	hi := lock.HolderInfo{Token: r.token, Owner: r.owner, Metadata: r.meta, Since: r.since}
 	if r.pid != 0 {
 		hi.ID = strconv.Itoa(r.pid) + "@" + r.host
-	}
-	if r.since != 0 {
-		hi.Since = time.Unix(0, r.since)
 	}
 	return hi
 }

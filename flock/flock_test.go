@@ -245,7 +245,7 @@ func TestFileNames(t *testing.T) {
 func TestBadOptions(t *testing.T) {
 	dir := t.TempDir()
 	for what, opt := range map[string]flock.Option{
-		"WithPruneAfter(-1)":      flock.WithPruneAfter(-1),
+		"WithSweepAfter(-1)":      flock.WithSweepAfter(-1),
 		"WithCheckInterval(-1)":   flock.WithCheckInterval(-time.Second),
 		"WithMaxConcurrent(>max)": flock.WithMaxConcurrent(flock.MaxPermits + 1),
 		"WithMaxConcurrent(0)":    flock.WithMaxConcurrent(0),
@@ -429,8 +429,8 @@ func waitForWaiters(t testing.TB, n int64) {
 	}
 }
 
-func TestPrune(t *testing.T) {
-	f, dir := newFactory(t, flock.WithPruneAfter(0))
+func TestSweep(t *testing.T) {
+	f, dir := newFactory(t)
 	ctx := context.Background()
 	var last uint64
 	for _, n := range []string{"a", "b"} {
@@ -442,38 +442,34 @@ func TestPrune(t *testing.T) {
 	s.Release()
 	held := mustAcquire(t, f, "held")
 	os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not ours"), 0o644)
-	if n, err := f.Prune(ctx, time.Hour); err != nil || n != 0 {
-		t.Fatalf("Prune of fresh files = %d, %v", n, err)
+	if n, err := f.Sweep(ctx, time.Hour); err != nil || n != 0 {
+		t.Fatalf("Sweep of fresh files = %d, %v", n, err)
 	}
-	n, err := f.Prune(ctx, 0)
+	n, err := f.Sweep(ctx, 0)
 	if err != nil || n != 3 {
-		t.Fatalf("Prune = %d, %v; want 3 names", n, err)
+		t.Fatalf("Sweep = %d, %v; want 3 names", n, err)
 	}
 	var left []string
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		left = append(left, e.Name())
 	}
-	want := "held.lock notes.txt ubgo-flock.fence ubgo-flock.sweep"
-	if runtime.GOOS == "linux" {
-		want += " ubgo-flock.waiters" // made by the first release
-	}
-	if strings.Join(left, " ") != want {
-		t.Fatalf("left after Prune: %v", left)
+	if got := strings.Join(left, " "); got != "held.lock notes.txt ubgo-flock.fence ubgo-flock.sweep" {
+		t.Fatalf("left after Sweep: %v", left)
 	}
 	held.Release()
 	h := mustAcquire(t, f, "a")
 	if h.Token() <= last {
-		t.Fatalf("token after prune %d, not above %d", h.Token(), last)
+		t.Fatalf("token after a sweep %d, not above %d", h.Token(), last)
 	}
 	h.Release()
 }
 
-// Goroutines churn one name while another prunes its files as fast as it
-// can: the pruner's dead mark must keep holders of old and new files from
+// Goroutines churn one name while another sweeps its files as fast as it
+// can: the sweeper's dead mark must keep holders of old and new files from
 // overlapping.
-func TestPruneChurnKeepsExclusion(t *testing.T) {
-	f, _ := newFactory(t, flock.WithPruneAfter(0))
+func TestSweepChurnKeepsExclusion(t *testing.T) {
+	f, _ := newFactory(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if testing.Short() {
@@ -481,7 +477,7 @@ func TestPruneChurnKeepsExclusion(t *testing.T) {
 		defer cancel()
 	}
 	var inside atomic.Int32
-	var entered, pruned atomic.Int64
+	var entered, swept atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
@@ -514,13 +510,13 @@ func TestPruneChurnKeepsExclusion(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			n, _ := f.Prune(context.Background(), 0)
-			pruned.Add(int64(n))
+			n, _ := f.Sweep(context.Background(), 0)
+			swept.Add(int64(n))
 		}
 	}()
 	wg.Wait()
-	t.Logf("%d critical sections, %d prunes", entered.Load(), pruned.Load())
-	if entered.Load() == 0 || pruned.Load() == 0 {
+	t.Logf("%d critical sections, %d sweeps", entered.Load(), swept.Load())
+	if entered.Load() == 0 || swept.Load() == 0 {
 		t.Fatal("no churn")
 	}
 }
@@ -566,7 +562,7 @@ func TestNoDescriptorLeaks(t *testing.T) {
 		a.Release()
 		b.Release()
 		f.Inspect(ctx, "s")
-		f.Prune(ctx, 0)
+		f.Sweep(ctx, 0)
 		f.WithLock(ctx, "w", func(context.Context) error { return nil })
 	}
 	settle := func(want int) int {

@@ -3,6 +3,8 @@ package flock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +15,7 @@ import (
 )
 
 func TestRecordRoundTrip(t *testing.T) {
-	in := record{limit: 3, token: 1<<62 + 5, pid: 42, host: "h\nst", since: 123, owner: "job \"7\"", meta: map[string]string{"b": "2", "a": "x y\n"}}
+	in := record{limit: 3, token: 1<<62 + 5, pid: 42, host: "h\nst", since: time.Unix(0, 123), owner: "job \"7\"", meta: map[string]string{"b": "2", "a": "x y\n"}}
 	dir := t.TempDir()
 	p := filepath.Join(dir, "r")
 	fd, err := sysOpen(p, true, true)
@@ -27,32 +29,35 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err := writeRecord(fd, &long); err != nil {
 		t.Fatal(err)
 	}
-	got, ok, err := readHolder(fd)
+	got, ok, err := readRecord(fd)
 	if err != nil || !ok || got.owner != long.owner {
 		t.Fatalf("long record: ok=%v err=%v", ok, err)
 	}
 	if err := writeRecord(fd, &in); err != nil {
 		t.Fatal(err)
 	}
-	got, ok, err = readHolder(fd)
+	got, ok, err = readRecord(fd)
 	if err != nil || !ok {
 		t.Fatalf("readRecord: ok=%v err=%v", ok, err)
 	}
 	if got.limit != in.limit || got.token != in.token || got.pid != in.pid || got.host != in.host ||
-		got.since != in.since || got.owner != in.owner || len(got.meta) != 2 || got.meta["a"] != "x y\n" || got.dead {
+		!got.since.Equal(in.since) || got.owner != in.owner || len(got.meta) != 2 || got.meta["a"] != "x y\n" || got.dead {
 		t.Fatalf("round trip: got %+v, want %+v", got, in)
 	}
 }
 
 func TestRecordRejectsDamage(t *testing.T) {
 	r := record{limit: 1, token: 77}
-	good := r.encode(nil)
+	good := r.encode()
 	for name, b := range map[string][]byte{
 		"empty":     nil,
 		"garbage":   []byte("hello world\n"),
 		"truncated": good[:len(good)-3],
 		"flipped":   append(append([]byte{}, good[:len(good)-3]...), 'X', good[len(good)-2], good[len(good)-1]),
 		"huge":      []byte(recordMagic + "999999999 00000000\n"),
+		"bad field": withHeader("limit -1\ntoken 5\n"),
+		"bad meta":  withHeader("token 5\nmeta \"k\"\"v\"\n"),
+		"no value":  withHeader("token\n"),
 	} {
 		p := filepath.Join(t.TempDir(), "r")
 		if err := os.WriteFile(p, b, 0o644); err != nil {
@@ -62,11 +67,17 @@ func TestRecordRejectsDamage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, ok, err := readHolder(fd); ok || err != nil {
+		if got, ok, err := readRecord(fd); ok || err != nil {
 			t.Errorf("%s: readRecord = %+v, %v, %v; want not ok", name, got, ok, err)
 		}
 		sysClose(fd)
 	}
+}
+
+// withHeader is body behind a valid header: checksummed, but not
+// necessarily a valid record.
+func withHeader(body string) []byte {
+	return fmt.Appendf(nil, "%s%d %08x\n%s", recordMagic, len(body), crc32.ChecksumIEEE([]byte(body)), body)
 }
 
 func TestSplitFile(t *testing.T) {
@@ -173,12 +184,12 @@ func TestDeadFileLeftBySweeper(t *testing.T) {
 	}
 }
 
-// A pruned name's counter is gone, but the directory's fence keeps its
+// A swept name's counter is gone, but the directory's fence keeps its
 // next token above the last one even when the counter ran ahead of the
 // clock.
-func TestPruneKeepsTokensAboveFence(t *testing.T) {
+func TestSweepKeepsTokensAboveFence(t *testing.T) {
 	dir := t.TempDir()
-	f := NewFactory(WithDir(dir), WithPruneAfter(0))
+	f := NewFactory(WithDir(dir))
 	defer f.Close()
 	ctx := context.Background()
 	future := uint64(time.Now().Add(time.Hour).UnixNano())
@@ -198,11 +209,11 @@ func TestPruneKeepsTokensAboveFence(t *testing.T) {
 		}
 		sysClose(fd)
 	}
-	if n, err := f.Prune(ctx, 0); n != 2 || err != nil {
-		t.Fatalf("Prune = %d, %v", n, err)
+	if n, err := f.Sweep(ctx, 0); n != 2 || err != nil {
+		t.Fatalf("Sweep = %d, %v", n, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "m.lock")); !os.IsNotExist(err) {
-		t.Fatalf("m.lock not pruned: %v", err)
+		t.Fatalf("m.lock not swept: %v", err)
 	}
 	for _, name := range []string{"m", "s", "never-used"} {
 		limit := map[string]int{"m": 1, "s": 2, "never-used": 1}[name]
@@ -211,7 +222,7 @@ func TestPruneKeepsTokensAboveFence(t *testing.T) {
 			t.Fatal(err)
 		}
 		if h.Token() <= future {
-			t.Fatalf("%s: token %d after prune, not above the pruned %d", name, h.Token(), future)
+			t.Fatalf("%s: token %d after a sweep, not above the swept %d", name, h.Token(), future)
 		}
 		h.Release()
 	}
@@ -222,9 +233,9 @@ func TestPruneKeepsTokensAboveFence(t *testing.T) {
 // it opened before, must not remove the new generation's slot files: a
 // third acquirer would create a fresh slot 0 beside the held one and get
 // in over the limit.
-func TestPruneLateSweeperLeavesNewGeneration(t *testing.T) {
+func TestSweepLateSweeperLeavesNewGeneration(t *testing.T) {
 	dir := t.TempDir()
-	f := NewFactory(WithDir(dir), WithPruneAfter(0), WithMaxConcurrent(2))
+	f := NewFactory(WithDir(dir), WithMaxConcurrent(2))
 	defer f.Close()
 	ctx := context.Background()
 	h, err := f.Acquire(ctx, "s")
@@ -237,8 +248,8 @@ func TestPruneLateSweeperLeavesNewGeneration(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sysClose(late)
-	if n, err := f.Prune(ctx, 0); n != 1 || err != nil { // the first sweeper
-		t.Fatalf("Prune = %d, %v", n, err)
+	if n, err := f.Sweep(ctx, 0); n != 1 || err != nil { // the first sweeper
+		t.Fatalf("Sweep = %d, %v", n, err)
 	}
 	var held []*Holder
 	for range 2 {
@@ -249,9 +260,7 @@ func TestPruneLateSweeperLeavesNewGeneration(t *testing.T) {
 		defer h.Release()
 		held = append(held, h)
 	}
-	c := &call{dir: dir, esc: "s"}
-	c.namePath = c.file(".lock")
-	if ok, err := pruneFile(c, late, &nameFiles{hasLock: true}, 0); ok || err != nil {
+	if ok, err := removeName(newCall(dir, "s"), late, &nameFiles{hasLock: true}, 0); ok || err != nil {
 		t.Fatalf("late sweep of an unlinked file = %v, %v; want nothing done", ok, err)
 	}
 	for _, h := range held {
@@ -267,40 +276,50 @@ func TestPruneLateSweeperLeavesNewGeneration(t *testing.T) {
 	}
 }
 
-func TestAtou(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		base uint64
-		want uint64
-		ok   bool
-	}{
-		{"0", 10, 0, true},
-		{"1764480000000000001", 10, 1764480000000000001, true},
-		{"18446744073709551615", 10, 1<<64 - 1, true},
-		{"18446744073709551616", 10, 0, false},
-		{"99999999999999999999", 10, 0, false},
-		{"ffffffff", 16, 1<<32 - 1, true},
-		{"ffffffffffffffff", 16, 1<<64 - 1, true},
-		{"10000000000000000", 16, 0, false},
-		{"", 10, 0, false},
-		{"12a", 10, 0, false},
-		{"-1", 10, 0, false},
-	} {
-		if got, ok := atou([]byte(tc.in), tc.base); got != tc.want || ok != tc.ok {
-			t.Errorf("atou(%q, %d) = %d, %v; want %d, %v", tc.in, tc.base, got, ok, tc.want, tc.ok)
+// Acquire starts a background sweep only with WithSweepAfter.
+func TestAutoSweepIsOptIn(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	f := NewFactory(WithDir(dir), WithLogger(nil))
+	defer f.Close()
+	take := func(name string, opts ...Option) {
+		t.Helper()
+		h, err := f.Acquire(ctx, name, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	take("old")
+	old := filepath.Join(dir, "old.lock")
+	lastUse := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(old, lastUse, lastUse); err != nil {
+		t.Fatal(err)
+	}
+	// autoSweep schedules the next sweep before it starts one.
+	scheduled := func() bool {
+		sweeps.Lock()
+		defer sweeps.Unlock()
+		_, ok := sweeps.next[dir]
+		return ok
+	}
+	for _, opts := range [][]Option{nil, {WithSweepAfter(0)}} {
+		if take("new", opts...); scheduled() {
+			t.Fatalf("Acquire with %d options started a sweep", len(opts))
 		}
 	}
-}
-
-// appendSince writes what time.RFC3339Nano in UTC writes.
-func TestAppendSince(t *testing.T) {
-	now := time.Now().UnixNano()
-	for _, ns := range []int64{0, 1, 999999999, 1e9, 1e9 + 1, 1e9 + 100, 1764480000123456789, 1764480000100000000, 1764480000000000000, now, now + 1, now + 1e9, -1, -1e9 - 5} {
-		for i := 0; i < 2; i++ { // cold and cached second
-			want := time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
-			if got := string(appendSince(nil, ns)); got != want {
-				t.Errorf("appendSince(%d) = %q, want %q", ns, got, want)
-			}
+	if take("new", WithSweepAfter(time.Hour)); !scheduled() {
+		t.Fatal("Acquire with WithSweepAfter started no sweep")
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(old); os.IsNotExist(err) {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatal("the background sweep left old.lock, idle for 2h")
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new.lock")); err != nil {
+		t.Fatalf("the background sweep removed new.lock, just used: %v", err)
 	}
 }

@@ -48,20 +48,16 @@ func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
 // WithObserver sets the metrics and tracing hook.
 func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }
 
-type pruneKey struct{}
+type sweepKey struct{}
 
-// DefaultPruneAfter is how long a name must go unused before an automatic
-// sweep removes its files.
-const DefaultPruneAfter = time.Hour
-
-// WithPruneAfter sets how long a name's files stay after its last acquire
-// once nobody holds it. Acquire starts a sweep of the directory in the
-// background at most once per d per process and directory, removing the
-// files of every name that is free and was last acquired more than d ago
-// (see Factory.Prune for the protocol). 0 turns automatic sweeps off.
-// Default DefaultPruneAfter (1h). A pruned name's counter is gone; the
-// directory's fence file keeps its next token above the last one.
-func WithPruneAfter(d time.Duration) Option { return duration("WithPruneAfter", pruneKey{}, d) }
+// WithSweepAfter turns automatic sweeps on: Acquire then starts a sweep of
+// the directory in the background at most once per d per process and
+// directory, removing the files of every name that is free and was last
+// acquired more than d ago (see Factory.Sweep for the protocol). Default
+// 0: off, and files stay until Factory.Sweep removes them. A swept name's
+// counter is gone; the directory's fence file keeps its next token above
+// the last one.
+func WithSweepAfter(d time.Duration) Option { return duration("WithSweepAfter", sweepKey{}, d) }
 
 type checkKey struct{}
 
@@ -78,11 +74,9 @@ const DefaultCheckInterval = time.Second
 // ignored.
 func WithCheckInterval(d time.Duration) Option { return duration("WithCheckInterval", checkKey{}, d) }
 
-func pruneAfter(o *lock.Options) time.Duration {
-	if d, ok := o.Value(pruneKey{}).(time.Duration); ok {
-		return d
-	}
-	return DefaultPruneAfter
+func sweepAfter(o *lock.Options) time.Duration {
+	d, _ := o.Value(sweepKey{}).(time.Duration)
+	return d
 }
 
 func checkInterval(o *lock.Options) time.Duration {

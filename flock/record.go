@@ -2,12 +2,13 @@ package flock
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"hash/crc32"
 	"maps"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"time"
 )
 
@@ -25,16 +26,18 @@ import (
 //
 // The name file <esc>.lock holds the limit and the token counter of the
 // name (and, for a mutex, who holds it); a slot file <esc>.<i>.lock holds
-// the permit holder's token and identity. A pruned file says "dead 1". The
+// the permit holder's token and identity. A swept file says "dead 1". The
 // checksum lets a reader that raced a writer, or met a damaged file, tell
-// that the record is unusable instead of trusting half of one.
+// that the record is unusable instead of trusting half of one. A record is
+// written over the old one without truncating the file: the header's
+// length says where it ends.
 type record struct {
 	limit int
 	token uint64
 	dead  bool
 	pid   int
 	host  string
-	since int64 // unix nanoseconds; written as RFC 3339 UTC
+	since time.Time // written with the pid
 	owner string
 	meta  map[string]string
 }
@@ -45,280 +48,127 @@ const recordMagic = "ubgo-flock 1 "
 // it allocate without limit.
 const maxRecord = 1 << 20
 
-func (r *record) appendBody(b []byte) []byte {
+// encode returns the record as written to disk.
+func (r *record) encode() []byte {
+	var b bytes.Buffer
 	if r.limit > 0 {
-		b = append(b, "limit "...)
-		b = strconv.AppendInt(b, int64(r.limit), 10)
-		b = append(b, '\n')
+		fmt.Fprintf(&b, "limit %d\n", r.limit)
 	}
-	b = append(b, "token "...)
-	b = strconv.AppendUint(b, r.token, 10)
-	b = append(b, '\n')
+	fmt.Fprintf(&b, "token %d\n", r.token)
 	if r.dead {
-		b = append(b, "dead 1\n"...)
+		b.WriteString("dead 1\n")
 	}
 	if r.pid != 0 {
-		if r.pid == pid && r.host == hostname() {
-			b = append(b, selfLines()...)
-		} else {
-			b = appendPidHost(b, r.pid, r.host)
-		}
-		b = append(b, "since "...)
-		b = appendSince(b, r.since)
-		b = append(b, '\n')
+		fmt.Fprintf(&b, "pid %d\nhost %q\nsince %s\n", r.pid, r.host, r.since.UTC().Format(time.RFC3339Nano))
 	}
 	if r.owner != "" {
-		b = append(b, "owner "...)
-		b = strconv.AppendQuote(b, r.owner)
-		b = append(b, '\n')
-	}
-	if len(r.meta) == 0 {
-		return b
+		fmt.Fprintf(&b, "owner %q\n", r.owner)
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.meta)) {
-		b = append(b, "meta "...)
-		b = strconv.AppendQuote(b, k)
-		b = append(b, ' ')
-		b = strconv.AppendQuote(b, r.meta[k])
-		b = append(b, '\n')
+		fmt.Fprintf(&b, "meta %q %q\n", k, r.meta[k])
 	}
-	return b
+	body := b.Bytes()
+	return fmt.Appendf(nil, "%s%d %08x\n%s", recordMagic, len(body), crc32.ChecksumIEEE(body), body)
 }
 
-func appendPidHost(b []byte, pid int, host string) []byte {
-	b = append(b, "pid "...)
-	b = strconv.AppendInt(b, int64(pid), 10)
-	b = append(b, "\nhost "...)
-	b = strconv.AppendQuote(b, host)
-	return append(b, '\n')
-}
-
-// selfLines are the pid and host lines of this process's records.
-var selfLines = sync.OnceValue(func() []byte { return appendPidHost(nil, pid, hostname()) })
-
-// sinceSecond caches the date and time of one second as RFC 3339 UTC:
-// records written in the same second share it, and formatting a date is
-// most of the cost of encoding a record.
-type sinceSecond struct {
-	sec  int64
-	text string // 2006-01-02T15:04:05
-}
-
-var lastSecond atomic.Pointer[sinceSecond]
-
-// appendSince appends ns (unix nanoseconds) as time.RFC3339Nano in UTC
-// would.
-func appendSince(b []byte, ns int64) []byte {
-	if ns < 0 {
-		return time.Unix(0, ns).UTC().AppendFormat(b, time.RFC3339Nano)
+func writeRecord(fd sysFile, r *record) error {
+	if err := sysPwrite(fd, r.encode(), 0); err != nil {
+		return fmt.Errorf("flock: writing lock file: %w", err)
 	}
-	sec, frac := ns/1e9, ns%1e9
-	c := lastSecond.Load()
-	if c == nil || c.sec != sec {
-		c = &sinceSecond{sec: sec, text: time.Unix(sec, 0).UTC().Format("2006-01-02T15:04:05")}
-		lastSecond.Store(c)
-	}
-	b = append(b, c.text...)
-	if frac != 0 {
-		var d [10]byte
-		d[0] = '.'
-		for i := 9; i >= 1; i-- {
-			d[i] = byte('0' + frac%10)
-			frac /= 10
-		}
-		n := 10
-		for d[n-1] == '0' {
-			n--
-		}
-		b = append(b, d[:n]...)
-	}
-	return append(b, 'Z')
+	return nil
 }
 
-// maxHead bounds a record's header line: the magic, the body's length
-// (at most 20 digits), a space, the checksum (8) and a newline.
-const maxHead = len(recordMagic) + 20 + 1 + 8 + 1
-
-// encode appends the record as written to disk to dst.
-func (r *record) encode(dst []byte) []byte {
-	// The body goes first, after room for the header, which needs the
-	// body's length and checksum; the header then goes right before it.
-	start := len(dst)
-	dst = append(dst, make([]byte, maxHead)...)
-	dst = r.appendBody(dst)
-	body := dst[start+maxHead:]
-	var hb [maxHead]byte
-	head := append(hb[:0], recordMagic...)
-	head = strconv.AppendInt(head, int64(len(body)), 10)
-	head = append(head, ' ')
-	head = appendHex32(head, crc32.ChecksumIEEE(body))
-	head = append(head, '\n')
-	at := start + maxHead - len(head)
-	copy(dst[at:], head)
-	n := copy(dst[start:], dst[at:])
-	return dst[:start+n]
-}
-
-func appendHex32(b []byte, v uint32) []byte {
-	const hexd = "0123456789abcdef"
-	for s := 28; s >= 0; s -= 4 {
-		b = append(b, hexd[(v>>uint(s))&15])
-	}
-	return b
-}
-
-var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-
-// readRecord reads the limit, token and dead mark of f's record. ok is
-// false when the file is empty, damaged, or was caught half-written.
-func readRecord(f sysFile) (r record, ok bool, err error) { return readRecordOf(f, false) }
-
-// readHolder reads the whole record, holder identity included.
-func readHolder(f sysFile) (r record, ok bool, err error) { return readRecordOf(f, true) }
-
-func readRecordOf(f sysFile, full bool) (r record, ok bool, err error) {
-	bp := bufs.Get().(*[]byte)
-	defer bufs.Put(bp)
-	b := (*bp)[:cap(*bp)]
-	n, err := sysPread(f, b, 0)
+// readRecord reads fd's record. ok is false when the file is empty,
+// damaged, or was caught half-written.
+func readRecord(fd sysFile) (r record, ok bool, err error) {
+	b := make([]byte, 512)
+	n, err := sysPread(fd, b, 0)
 	if err != nil {
 		return r, false, err
 	}
-	b = b[:n]
-	nl := bytes.IndexByte(b, '\n')
-	if nl < 0 || !bytes.HasPrefix(b, []byte(recordMagic)) {
+	head, body, found := bytes.Cut(b[:n], []byte("\n"))
+	rest, magic := strings.CutPrefix(string(head), recordMagic)
+	sizeText, sumText, _ := strings.Cut(rest, " ")
+	size, err1 := strconv.Atoi(sizeText)
+	sum, err2 := strconv.ParseUint(sumText, 16, 32)
+	if !found || !magic || err1 != nil || err2 != nil || size < 0 || size > maxRecord {
 		return r, false, nil
 	}
-	head := b[len(recordMagic):nl]
-	sp := bytes.IndexByte(head, ' ')
-	if sp < 0 {
-		return r, false, nil
-	}
-	size, ok1 := atou(head[:sp], 10)
-	sum, ok2 := atou(head[sp+1:], 16)
-	if !ok1 || !ok2 || size > maxRecord || sum > 1<<32-1 {
-		return r, false, nil
-	}
-	if end := nl + 1 + int(size); end > len(b) {
-		if len(b) < cap(b) {
+	if size > len(body) {
+		if n < len(b) {
 			return r, false, nil // the file ends inside the record
 		}
-		big := make([]byte, end)
-		if n, err = sysPread(f, big, 0); err != nil {
+		b = make([]byte, len(head)+1+size)
+		if n, err = sysPread(fd, b, 0); err != nil {
 			return r, false, err
 		}
-		if b = big[:n]; end > len(b) {
+		if n < len(b) {
 			return r, false, nil
 		}
+		body = b[len(head)+1:]
 	}
-	body := b[nl+1 : nl+1+int(size)]
+	body = body[:size]
 	if crc32.ChecksumIEEE(body) != uint32(sum) {
 		return r, false, nil
 	}
-	return parseBody(body, full)
+	r, err = parseBody(string(body))
+	return r, err == nil, nil
 }
 
-// atou parses an unsigned number without allocating.
-func atou(b []byte, base uint64) (uint64, bool) {
-	if len(b) == 0 || len(b) > 20 {
-		return 0, false
-	}
-	const maxU = 1<<64 - 1
-	cutoff := uint64(maxU / 10) // v*base overflows above it; no division per digit
-	if base == 16 {
-		cutoff = maxU / 16
-	}
-	var v uint64
-	for _, c := range b {
-		var d uint64
-		switch {
-		case '0' <= c && c <= '9':
-			d = uint64(c - '0')
-		case base == 16 && 'a' <= c && c <= 'f':
-			d = uint64(c-'a') + 10
-		default:
-			return 0, false
-		}
-		if v > cutoff || v*base > maxU-d {
-			return 0, false // overflow
-		}
-		v = v*base + d
-	}
-	return v, true
-}
+var errField = errors.New("bad field")
 
-func parseBody(body []byte, full bool) (r record, ok bool, err error) {
-	for len(body) > 0 {
-		nl := bytes.IndexByte(body, '\n')
-		if nl < 0 {
-			return r, false, nil
+func parseBody(body string) (r record, err error) {
+	for line := range strings.Lines(body) {
+		key, val, found := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
+		if !found {
+			return r, errField
 		}
-		lb := body[:nl]
-		body = body[nl+1:]
-		sp := bytes.IndexByte(lb, ' ')
-		if sp < 0 {
-			return r, false, nil
-		}
-		vb := lb[sp+1:]
-		switch string(lb[:sp]) {
+		switch key {
 		case "limit":
-			v, ok := atou(vb, 10)
-			if !ok || v > MaxPermits {
-				return r, false, nil
+			r.limit, err = strconv.Atoi(val)
+			if err == nil && (r.limit < 0 || r.limit > MaxPermits) {
+				err = errField
 			}
-			r.limit = int(v)
 		case "token":
-			if r.token, ok = atou(vb, 10); !ok {
-				return r, false, nil
-			}
+			r.token, err = strconv.ParseUint(val, 10, 64)
 		case "dead":
-			r.dead = string(vb) == "1"
-		default:
-			if full && !parseHolderField(&r, string(lb[:sp]), string(vb)) {
-				return r, false, nil
+			r.dead = val == "1"
+		case "pid":
+			r.pid, err = strconv.Atoi(val)
+		case "host":
+			r.host, err = strconv.Unquote(val)
+		case "since":
+			r.since, err = time.Parse(time.RFC3339Nano, val)
+		case "owner":
+			r.owner, err = strconv.Unquote(val)
+		case "meta":
+			var k, v string
+			if k, v, err = parseMeta(val); err == nil {
+				if r.meta == nil {
+					r.meta = map[string]string{}
+				}
+				r.meta[k] = v
 			}
 		}
+		if err != nil {
+			return r, err
+		}
 	}
-	return r, true, nil
+	return r, nil
 }
 
-func parseHolderField(r *record, key, val string) bool {
-	var perr error
-	switch key {
-	case "pid":
-		r.pid, perr = strconv.Atoi(val)
-	case "host":
-		r.host, perr = strconv.Unquote(val)
-	case "since":
-		var t time.Time
-		t, perr = time.Parse(time.RFC3339Nano, val)
-		r.since = t.UnixNano()
-	case "owner":
-		r.owner, perr = strconv.Unquote(val)
-	case "meta":
-		k, rest, perr2 := unquotePrefix(val)
-		if perr2 != nil || len(rest) < 2 || rest[0] != ' ' {
-			return false
-		}
-		v, perr3 := strconv.Unquote(rest[1:])
-		if perr3 != nil {
-			return false
-		}
-		if r.meta == nil {
-			r.meta = map[string]string{}
-		}
-		r.meta[k] = v
-	}
-	return perr == nil
-}
-
-// unquotePrefix unquotes the Go string literal at the start of s and
-// returns the rest.
-func unquotePrefix(s string) (string, string, error) {
-	q, err := strconv.QuotedPrefix(s)
+// parseMeta parses a meta line's value: two quoted strings and a space.
+func parseMeta(val string) (k, v string, err error) {
+	q, err := strconv.QuotedPrefix(val)
 	if err != nil {
 		return "", "", err
 	}
-	v, err := strconv.Unquote(q)
-	return v, s[len(q):], err
+	rest, ok := strings.CutPrefix(val[len(q):], " ")
+	if !ok {
+		return "", "", errField
+	}
+	if k, err = strconv.Unquote(q); err == nil {
+		v, err = strconv.Unquote(rest)
+	}
+	return k, v, err
 }

@@ -26,6 +26,3 @@ func sysStat(sysFile) (fileID, time.Time, error)   { return fileID{}, time.Time{
 func sysSameFile(sysFile, string) (bool, error)    { return false, errUnsupported }
 func sysRemove(string) error                       { return errUnsupported }
 func sysRetryOpen(error) bool                      { return false }
-func sysLinked(sysFile) (bool, error)              { return false, errUnsupported }
-
-const sysKeepOpen = false

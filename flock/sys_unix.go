@@ -66,8 +66,8 @@ func sysTryLock(fd sysFile, exclusive bool) (bool, error) {
 	}
 }
 
-// sysUnlock drops the lock but keeps the descriptor; closing it also
-// releases the lock, at once.
+// sysUnlock drops the lock but keeps the descriptor (a sweeper's hold on
+// its sweep file); closing it also releases the lock, at once.
 func sysUnlock(fd sysFile) error {
 	for {
 		switch err := unix.Flock(fd, unix.LOCK_UN); err {
@@ -79,10 +79,6 @@ func sysUnlock(fd sysFile) error {
 		}
 	}
 }
-
-// sysKeepOpen: a released mutex's descriptor may stay open, unlocked, for
-// the next Acquire of the name in this process (see idle.go).
-const sysKeepOpen = true
 
 // sysDowngrade turns an exclusive lock into a shared one. Like flock(2)
 // itself it may lose the lock in between; it reports false then.

@@ -37,7 +37,7 @@ func sysOpen(path string, write, create bool) (sysFile, error) {
 	if create {
 		mode = windows.OPEN_ALWAYS
 	}
-	// FILE_SHARE_DELETE lets a pruner remove a file that others have open,
+	// FILE_SHARE_DELETE lets a sweeper remove a file that others have open,
 	// as on Unix. Handles are not inherited by child processes.
 	h, err := windows.CreateFile(p, access,
 		windows.FILE_SHARE_READ|windows.FILE_SHARE_WRITE|windows.FILE_SHARE_DELETE,
@@ -77,19 +77,6 @@ func sysUnlock(h sysFile) error { return windows.UnlockFileEx(h, 0, 1, 0, lockOv
 func sysDowngrade(h sysFile) (bool, error) {
 	sysUnlock(h)
 	return sysTryLock(h, false)
-}
-
-// sysKeepOpen is false: a handle kept open keeps a file that a sweep
-// deleted pending deletion, and nobody can open the path again until the
-// handle closes. Every release closes its handle.
-const sysKeepOpen = false
-
-func sysLinked(h sysFile) (bool, error) {
-	var fi windows.ByHandleFileInformation
-	if err := windows.GetFileInformationByHandle(h, &fi); err != nil {
-		return false, err
-	}
-	return fi.NumberOfLinks > 0, nil
 }
 
 func sysPread(h sysFile, b []byte, off int64) (int, error) {
@@ -162,7 +149,7 @@ func sysRemove(path string) error {
 	return nil
 }
 
-// sysRetryOpen: a file that is pending deletion (a pruner removed it while
+// sysRetryOpen: a file that is pending deletion (a sweeper removed it while
 // another handle was still open) refuses to open with access denied until
 // the last handle closes, which is a matter of moments.
 func sysRetryOpen(err error) bool { return errors.Is(err, windows.ERROR_ACCESS_DENIED) }

@@ -7,15 +7,17 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/dirwatch"
 )
 
-// Prune removes the files of every name in the factory's directory that
+// Sweep removes the files of every name in the factory's directory that
 // nobody holds and whose lock file was last written (by an acquire) at
 // least idle ago, and returns how many names it removed. Files that are
 // not this package's are left alone.
@@ -36,7 +38,7 @@ import (
 // that finds a name busy can tell a sweep from a holder: it waits for the
 // sweep to let go and tries again instead of reporting ErrLocked for a
 // name nobody holds.
-func (f *Factory) Prune(ctx context.Context, idle time.Duration) (int, error) {
+func (f *Factory) Sweep(ctx context.Context, idle time.Duration) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
@@ -44,7 +46,7 @@ func (f *Factory) Prune(ctx context.Context, idle time.Duration) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return prune(ctx, dir, idle)
+	return sweepDir(ctx, dir, idle)
 }
 
 // sweeps records, per directory, when this process may sweep it next.
@@ -53,27 +55,19 @@ var sweeps = struct {
 	next map[string]time.Time
 }{next: map[string]time.Time{}}
 
-// autoPrune starts a background sweep of dir if none ran in this process
-// within the last d.
-func (f *Factory) autoPrune(dir string, d time.Duration, now time.Time) {
+// autoSweep starts a background sweep of dir, with WithSweepAfter(d), if
+// none ran in this process within the last d.
+func (f *Factory) autoSweep(dir string, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	own := dir == f.dir
-	if own && now.UnixNano() < f.sweepN.Load() {
-		return // known not due, without the shared lock
-	}
+	now := time.Now()
 	sweeps.Lock()
-	next := sweeps.next[dir]
-	due := !now.Before(next)
+	due := !now.Before(sweeps.next[dir])
 	if due {
-		next = now.Add(d)
-		sweeps.next[dir] = next
+		sweeps.next[dir] = now.Add(d)
 	}
 	sweeps.Unlock()
-	if own {
-		f.sweepN.Store(next.UnixNano())
-	}
 	if !due {
 		return
 	}
@@ -85,7 +79,7 @@ func (f *Factory) autoPrune(dir string, d time.Duration, now time.Time) {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		n, err := prune(f.ctx, dir, d)
+		n, err := sweepDir(f.ctx, dir, d)
 		if err != nil || n > 0 {
 			log := backend.Log(&f.opts).Debug
 			if err != nil && !errors.Is(err, context.Canceled) {
@@ -102,7 +96,7 @@ type nameFiles struct {
 	others  []string // slot and guard files seen in the listing
 }
 
-func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
+func sweepDir(ctx context.Context, dir string, idle time.Duration) (int, error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
@@ -140,10 +134,10 @@ func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
 	}
 	removed := 0
 	var errs []error
-	sweep := noFile
+	mark := noFile // the directory's sweepFile
 	defer func() {
-		if sweep != noFile {
-			sysClose(sweep)
+		if mark != noFile {
+			sysClose(mark)
 		}
 	}()
 	for _, esc := range slices.Sorted(maps.Keys(names)) {
@@ -154,17 +148,17 @@ func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
 		if time.Since(n.newest) < idle {
 			continue
 		}
-		if sweep == noFile {
-			if sweep, err = sysOpen(dir+string(os.PathSeparator)+sweepFile, true, true); err != nil {
-				sweep = noFile
+		if mark == noFile {
+			if mark, err = sysOpen(filepath.Join(dir, sweepFile), true, true); err != nil {
+				mark = noFile
 				return removed, fmt.Errorf("flock: %w", err)
 			}
 		}
-		if err := lockSpin(ctx, sweep, true); err != nil {
+		if err := lockSpin(ctx, mark, true); err != nil {
 			return removed, err
 		}
-		ok, err := pruneName(dir, esc, n, idle)
-		sysUnlock(sweep)
+		ok, err := sweepName(dir, esc, n, idle)
+		sysUnlock(mark)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -176,15 +170,16 @@ func prune(ctx context.Context, dir string, idle time.Duration) (int, error) {
 }
 
 // fenceFile is the directory's high-water mark: no smaller than the last
-// token of any name pruned from it. It is not a name's file: every name's
+// token of any name swept from it. It is not a name's file: every name's
 // file ends in .lock or .guard.
 const fenceFile = "ubgo-flock.fence"
 
 // sweepFile is locked exclusively by a sweeper for as long as it holds a
-// name's lock file (see Factory.Prune). Like the fence it is no name's file.
+// name's lock file (see Factory.Sweep). Like the fence it is no name's file.
 const sweepFile = "ubgo-flock.sweep"
 
-// sweepRetries bounds how often one Acquire tries again after a sweep.
+// sweepRetries bounds how often an Acquire without WithWait tries again
+// after a sweep.
 const sweepRetries = 3
 
 // afterSweep reports whether a busy name is worth another try: whether
@@ -192,7 +187,7 @@ const sweepRetries = 3
 // file, so a sweep that held the name at the failed try has let go. It
 // waits at most a second for a sweeper that is stopped.
 func afterSweep(ctx context.Context, dir string) bool {
-	fd, err := sysOpen(dir+string(os.PathSeparator)+sweepFile, false, false)
+	fd, err := sysOpen(filepath.Join(dir, sweepFile), false, false)
 	if err != nil {
 		return false // no sweep ever ran here
 	}
@@ -205,7 +200,7 @@ func afterSweep(ctx context.Context, dir string) bool {
 // readFence returns the directory's fence, 0 when there is none (or it is
 // damaged: the clock then decides alone).
 func readFence(ctx context.Context, dir string) (uint64, error) {
-	fd, err := sysOpen(dir+string(os.PathSeparator)+fenceFile, false, false)
+	fd, err := sysOpen(filepath.Join(dir, fenceFile), false, false)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
@@ -228,7 +223,7 @@ func readFence(ctx context.Context, dir string) (uint64, error) {
 
 // raiseFence makes the directory's fence at least token.
 func raiseFence(dir string, token uint64) error {
-	fd, err := sysOpen(dir+string(os.PathSeparator)+fenceFile, true, true)
+	fd, err := sysOpen(filepath.Join(dir, fenceFile), true, true)
 	if err != nil {
 		return fmt.Errorf("flock: %w", err)
 	}
@@ -249,23 +244,26 @@ func raiseFence(dir string, token uint64) error {
 }
 
 // splitFile classifies a directory entry: "<esc>.lock" is "lock",
-// "<esc>.<i>.lock" is "slot", "<esc>.guard" is "guard".
+// "<esc>.<i>.lock" is "slot", "<esc>.guard" is "guard". An escaped name
+// contains no '.'.
 func splitFile(file string) (esc, kind string, ok bool) {
-	if esc, ok := lockFileEsc(file); ok {
-		if strings.HasSuffix(file, "."+"lock") && strings.Count(file, ".") == 1 {
-			return esc, "lock", true
-		}
-		return esc, "slot", true
-	}
-	if esc, ok := strings.CutSuffix(file, ".guard"); ok && esc != "" && !strings.Contains(esc, ".") {
+	esc, rest, found := strings.Cut(file, ".")
+	switch {
+	case !found || esc == "":
+		return "", "", false
+	case rest == "lock":
+		return esc, "lock", true
+	case rest == "guard":
 		return esc, "guard", true
+	}
+	if n, ok := strings.CutSuffix(rest, ".lock"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+		return esc, "slot", true
 	}
 	return "", "", false
 }
 
-func pruneName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) {
-	c := &call{dir: dir, esc: esc}
-	c.namePath = c.file(".lock")
+func sweepName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) {
+	c := newCall(dir, esc)
 	// Leftover slot or guard files without a lock file are removed under
 	// a lock file made for the purpose, by the same protocol.
 	fd, err := sysOpen(c.namePath, true, !n.hasLock)
@@ -275,14 +273,14 @@ func pruneName(dir, esc string, n *nameFiles, idle time.Duration) (bool, error) 
 	if err != nil {
 		return false, fmt.Errorf("flock: %w", err)
 	}
-	defer wakeName(dir, esc)
+	defer dirwatch.Signal(dir, esc)
 	defer sysClose(fd)
-	return pruneFile(c, fd, n, idle)
+	return removeName(c, fd, n, idle)
 }
 
-// pruneFile removes the name's files if fd, its lock file as opened after
+// removeName removes the name's files if fd, its lock file as opened after
 // the listing, is still the name's, free and idle.
-func pruneFile(c *call, fd sysFile, n *nameFiles, idle time.Duration) (bool, error) {
+func removeName(c *call, fd sysFile, n *nameFiles, idle time.Duration) (bool, error) {
 	dir, esc := c.dir, c.esc
 	ok, err := sysTryLock(fd, true)
 	if err != nil || !ok {
@@ -329,7 +327,7 @@ func pruneFile(c *call, fd sysFile, n *nameFiles, idle time.Duration) (bool, err
 	}
 	files = append(files, esc+".guard")
 	for _, file := range files {
-		if err := sysRemove(dir + string(os.PathSeparator) + file); err != nil {
+		if err := sysRemove(filepath.Join(dir, file)); err != nil {
 			errs = append(errs, err)
 		}
 	}
