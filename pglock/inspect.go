@@ -18,11 +18,11 @@ import (
 // any process: the advisory locks in pg_locks, joined with the holder rows
 // in pglock_holders and the sessions in pg_stat_activity. Each holder's
 // Metadata carries, besides what WithMetadata set, "pg.pid",
-// "pg.application_name", "pg.client_addr" and "pg.slot". Holders are
-// written to pglock_holders a few milliseconds after they acquire; Inspect
-// waits briefly for rows that are due, and reports a holder it still
-// cannot find a row for with its pid but no token. It runs on a pool
-// connection, taken within WithConnectTimeout.
+// "pg.application_name", "pg.client_addr" and, for a semaphore,
+// "pg.slot". Token, Since and Owner come from the holder's row, which the
+// acquire writes only when the call set WithOwner or WithMetadata; a
+// holder without a row is reported with its session and slot, Token 0. It
+// runs on a pool connection, taken within WithConnectTimeout.
 func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
@@ -60,95 +60,67 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		return info, fmt.Errorf("pglock: inspect: %w", err)
 	}
 	keys := []int64{k.mutex}
+	slots := map[int64]int{}
 	for i := 0; limit > 1 && i < limit; i++ {
-		keys = append(keys, advisoryKey(kindSlot, prefix, name, i))
+		key := advisoryKey(kindSlot, prefix, name, i)
+		keys = append(keys, key)
+		slots[key] = i
 	}
-	for attempt := 0; ; attempt++ {
-		holders, missing, err := f.inspectOnce(ctx, pc.Conn(), keys, k.mutex)
-		if err != nil {
-			return info, err
-		}
-		if missing && attempt < 20 {
-			select {
-			case <-time.After(5 * time.Millisecond):
-				continue
-			case <-ctx.Done():
-			}
-		}
-		if len(holders) > 0 {
-			info.Limit = limit
-			if holders[0].Metadata["pg.slot"] == "" {
-				info.Limit = 1
-			}
-		}
-		for i := range holders {
-			if info.Limit == 1 {
-				delete(holders[i].Metadata, "pg.slot")
-			}
-		}
-		sort.Slice(holders, func(i, j int) bool { return holders[i].Token < holders[j].Token })
-		info.Holders = holders
-		return info, nil
-	}
-}
-
-func (f *Factory) inspectOnce(ctx context.Context, c *pgx.Conn, keys []int64, mutexKey int64) ([]lock.HolderInfo, bool, error) {
-	rows, err := c.Query(ctx, f.st.inspect, keys)
+	rows, err := pc.Query(ctx, f.st.inspect, keys)
 	if err != nil {
-		return nil, false, fmt.Errorf("pglock: inspect: %w", err)
+		return info, fmt.Errorf("pglock: inspect: %w", err)
 	}
 	defer rows.Close()
-	var (
-		out     []lock.HolderInfo
-		missing bool
-	)
+	mutex := false
 	for rows.Next() {
 		var (
 			key                      int64
 			pid                      int32
 			token                    *int64
-			slot, lim                *int32
-			since, backendStart      *time.Time
+			since                    *time.Time
 			owner, meta, app, client *string
 		)
-		if err := rows.Scan(&key, &pid, &token, &slot, &lim, &since, &owner, &meta, &app, &client, &backendStart); err != nil {
-			return nil, false, fmt.Errorf("pglock: inspect: %w", err)
+		if err := rows.Scan(&key, &pid, &token, &since, &owner, &meta, &app, &client); err != nil {
+			return info, fmt.Errorf("pglock: inspect: %w", err)
 		}
-		hi := lock.HolderInfo{Metadata: map[string]string{}}
+		hi := lock.HolderInfo{Metadata: map[string]string{}, ID: "pid " + strconv.Itoa(int(pid))}
 		if meta != nil {
 			json.Unmarshal([]byte(*meta), &hi.Metadata)
 		}
 		hi.Metadata["pg.pid"] = strconv.Itoa(int(pid))
 		if app != nil {
 			hi.Metadata["pg.application_name"] = *app
+			if *app != "" {
+				hi.ID += " (" + *app + ")"
+			}
 		}
 		if client != nil {
 			hi.Metadata["pg.client_addr"] = *client
 		}
-		if key != mutexKey {
-			hi.Metadata["pg.slot"] = "?"
-		}
-		if token == nil {
-			missing = true
+		if slot, ok := slots[key]; ok {
+			hi.Metadata["pg.slot"] = strconv.Itoa(slot)
 		} else {
+			mutex = true
+		}
+		if token != nil {
 			hi.Token, hi.Since = uint64(*token), *since
-			if key != mutexKey {
-				hi.Metadata["pg.slot"] = strconv.Itoa(int(*slot))
-			}
-			if owner != nil {
-				hi.Owner = *owner
-			}
 		}
-		hi.ID = "pid " + strconv.Itoa(int(pid))
-		if app != nil && *app != "" {
-			hi.ID += " (" + *app + ")"
+		if owner != nil {
+			hi.Owner = *owner
 		}
-		out = append(out, hi)
+		info.Holders = append(info.Holders, hi)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("pglock: inspect: %w", err)
+		return info, fmt.Errorf("pglock: inspect: %w", err)
 	}
-	return out, missing, nil
+	if len(info.Holders) > 0 {
+		info.Limit = limit
+		if mutex {
+			info.Limit = 1
+		}
+	}
+	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
+	return info, nil
 }
 
 func isUndefined(err error) bool {

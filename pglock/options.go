@@ -32,11 +32,12 @@ func WithWait() Option { return lock.WithWait() }
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
 // WithOwner records who holds the lock (a job or trace id), shown by
-// Inspect and in the pglock_holders table.
+// Inspect. A call with an owner or metadata writes its holder, with its
+// token, to the pglock_holders table in the acquire statement.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
 
 // WithMetadata adds a key/value pair shown by Inspect and stored with the
-// holder in the pglock_holders table.
+// holder in the pglock_holders table (see WithOwner).
 func WithMetadata(key, value string) Option { return lock.WithMetadata(key, value) }
 
 // WithLogger sets the logger; nil turns logging off. Default: slog.Default().

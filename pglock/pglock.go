@@ -16,9 +16,10 @@
 // Acquire is one round trip on the session (pg_try_advisory_lock and the
 // token in one statement; a few more only on a factory's first acquire and
 // after a server crash); Release is one round trip (pg_advisory_unlock,
-// plus a NOTIFY only when another session waits for the name). Holders
-// still held after a few milliseconds are published, in batches and off the
-// hot path, to the unlogged pglock_holders table, which Inspect reads.
+// plus a NOTIFY only when another session waits for the name). A call with
+// an owner or metadata also writes its holder to the unlogged
+// pglock_holders table, which Inspect reads, in the same statement, and
+// its release deletes it in the same statement.
 //
 // # Guarantees and assumptions
 //
@@ -49,7 +50,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,10 +77,6 @@ var (
 
 const backendName = "pglock"
 
-// publishDelay is how long a holder is held before it is written to
-// pglock_holders: locks released sooner never cost a write.
-const publishDelay = 2 * time.Millisecond
-
 // Factory hands out locks held on its own lock sessions. Create one per
 // process (or per pool) and share it; Close it when done.
 type Factory struct {
@@ -99,9 +95,7 @@ type Factory struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[int64]*entry   // by mutex key: the in-process table
-	names   map[nameKey]*entry // the same entries, by name
-	idle    int                // entries nobody uses, kept (see maxIdle)
+	entries map[int64]*entry // the in-process table: names in use, by mutex key
 	health  *time.Timer
 
 	epoch atomic.Int64 // the newest committed token epoch seen; 0: none yet
@@ -126,39 +120,26 @@ func (f *Factory) seeEpoch(e int64) {
 	}
 }
 
-// entry is the in-process state of one name: who of this factory holds
-// which permit, and the local waiters' wake-up channel.
+// entry is the in-process state of one name while it is in use (held, or
+// being acquired): who of this factory holds which permit.
 type entry struct {
 	prefix, name string
 	keys         keys
 	limit        int             // the limit of the current local holders
 	held         map[int]*Holder // by slot
 	busy         chan struct{}   // one local acquire statement at a time
-	wake         chan struct{}   // made by a local waiter; closed when a local holder releases or loses
-	refs         int
+	refs         int             // holders and Acquire calls using it; guarded by Factory.mu
 }
 
-type nameKey struct{ prefix, name string }
-
-// maxIdle is how many entries nobody uses a factory keeps, so that a name
-// used again soon (the usual acquire, release, acquire) needs no hashing
-// of its keys and no allocation.
-const maxIdle = 256
-
-type keys struct {
-	mutex, mark, waiters, limit int64
-	payload                     string // the NOTIFY payload: waiters in decimal
-}
+type keys struct{ mutex, mark, waiters, limit int64 }
 
 func keysOf(prefix, name string) keys {
-	k := keys{
+	return keys{
 		mutex:   advisoryKey(kindMutex, prefix, name, -1),
 		mark:    advisoryKey(kindSemMark, prefix, name, -1),
 		waiters: advisoryKey(kindWaiters, prefix, name, -1),
 		limit:   advisoryKey(kindLimit, prefix, name, -1),
 	}
-	k.payload = strconv.FormatInt(k.waiters, 10)
-	return k
 }
 
 // NewFactory returns a factory whose locks are held on sessions taken from
@@ -183,7 +164,7 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 	}
 	f := &Factory{
 		pool: pool, opts: o, err: err, cfg: cfg, st: newStatements(cfg.schema),
-		closing: make(chan struct{}), entries: map[int64]*entry{}, names: map[nameKey]*entry{},
+		closing: make(chan struct{}), entries: map[int64]*entry{},
 	}
 	for i := 0; i < cfg.sessions; i++ {
 		f.sessions = append(f.sessions, newSession(f, i))
@@ -222,35 +203,44 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	})
 }
 
+// Close releases everything the factory started: its lock sessions are
+// closed (so Postgres frees their locks and every holder loses its lock),
+// waiters and later calls fail with lock.ErrClosed, and the listener
+// connection is closed.
+func (f *Factory) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	close(f.closing)
+	if f.health != nil {
+		f.health.Stop()
+	}
+	f.mu.Unlock()
+	f.lis.close()
+	for _, s := range f.sessions {
+		s.close()
+	}
+	return nil
+}
+
 // ref finds or makes the entry of a name and counts a user of it.
 func (f *Factory) ref(prefix, name string) (*entry, error) {
-	nk := nameKey{prefix, name}
+	k := keysOf(prefix, name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	e := f.names[nk]
-	if e == nil {
-		// Hash outside the lock.
-		f.mu.Unlock()
-		k := keysOf(prefix, name)
-		f.mu.Lock()
-		if e = f.names[nk]; e == nil && !f.closed {
-			if o := f.entries[k.mutex]; o != nil {
-				if o.refs > 0 {
-					return nil, fmt.Errorf("%w: %q and %q", ErrKeyCollision, o.name, name)
-				}
-				delete(f.names, nameKey{o.prefix, o.name}) // idle: forget it
-				f.idle--
-			}
-			e = &entry{prefix: prefix, name: name, keys: k, held: map[int]*Holder{}, busy: make(chan struct{}, 1)}
-			f.entries[k.mutex], f.names[nk] = e, e
-			f.idle++ // counted as idle until its first user, just below
-		}
-	}
 	if f.closed {
 		return nil, lock.ErrClosed
 	}
-	if e.refs == 0 {
-		f.idle--
+	e := f.entries[k.mutex]
+	switch {
+	case e == nil:
+		e = &entry{prefix: prefix, name: name, keys: k, held: map[int]*Holder{}, busy: make(chan struct{}, 1)}
+		f.entries[k.mutex] = e
+	case e.prefix != prefix || e.name != name:
+		return nil, fmt.Errorf("%w: %q and %q", ErrKeyCollision, e.name, name)
 	}
 	e.refs++
 	return e, nil
@@ -264,22 +254,8 @@ func (f *Factory) unref(e *entry) {
 
 func (f *Factory) unrefLocked(e *entry) {
 	e.refs--
-	if e.refs > 0 || f.names[nameKey{e.prefix, e.name}] != e {
-		return
-	}
-	if f.idle < maxIdle {
-		f.idle++
-		return
-	}
-	delete(f.entries, e.keys.mutex)
-	delete(f.names, nameKey{e.prefix, e.name})
-}
-
-// wakeLocked wakes the local waiters of e. f.mu is held.
-func (e *entry) wakeLocked() {
-	if e.wake != nil {
-		close(e.wake)
-		e.wake = nil
+	if e.refs == 0 {
+		delete(f.entries, e.keys.mutex)
 	}
 }
 
@@ -287,6 +263,8 @@ func (f *Factory) session(k keys) *session {
 	return f.sessions[uint64(k.mutex)%uint64(len(f.sessions))]
 }
 
+// take makes attempts at name through backend.Wait; a waiter subscribes to
+// the name's releases (see registerWaiter).
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
@@ -297,99 +275,33 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	}
 	defer f.unref(e)
 	s := f.session(e.keys)
-	var (
-		w         *waitReg
-		waitStart time.Time
-		waited    = func() time.Duration {
-			if w == nil {
-				return 0
+	waiting := backend.Waiting{
+		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
+		MinPoll: f.cfg.poll, MaxPoll: f.cfg.poll,
+		Subscribe: func() (backend.Subscription, error) {
+			w, err := f.registerWaiter(ctx, s, e.keys.waiters)
+			if err != nil {
+				return nil, err
 			}
-			return time.Since(waitStart)
-		}
-	)
-	defer func() {
-		if w != nil {
-			f.unregisterWaiter(ctx, s, w)
-		}
-	}()
-	var poll *time.Timer
-	defer func() {
-		if poll != nil {
-			poll.Stop()
-		}
-	}()
-	lostOnce := false // the last attempt's session ended under it
-	for {
-		var wake chan struct{}
-		if o.Wait {
-			// Taken before the attempt: a release after it closes it.
-			f.mu.Lock()
-			if e.wake == nil {
-				e.wake = make(chan struct{})
-			}
-			wake = e.wake
-			f.mu.Unlock()
-		}
-		gen := s.generation()
-		h, err := f.try(ctx, s, e, o)
-		if w != nil && err != nil && ctx.Err() != nil {
-			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		}
-		if o.Wait && err != nil && !errors.Is(err, ErrLocked) && s.generation() != gen && !lostOnce {
-			// The session ended under the attempt (terminated, or its
-			// connection cut) and Postgres freed all it held: a waiter
-			// tries again on the next session, once. A second loss in a
-			// row (a session that cannot work: a pooler, a dying server)
-			// is returned.
-			lostOnce = true
-			continue
-		}
-		lostOnce = false
-		if err == nil || !errors.Is(err, ErrLocked) || !o.Wait {
-			return h, waited(), err
-		}
-		if w == nil {
-			// Listen, then mark the name as waited for, then try again:
-			// a release after the marker is seen sends a notification
-			// this factory receives.
-			waitStart = time.Now()
-			w = &waitReg{key: e.keys.waiters, ch: make(chan struct{}, 1)}
-			if err := f.registerWaiter(ctx, s, w); err != nil {
-				f.lis.unsubscribe(w)
-				w = nil
-				if ctx.Err() != nil {
-					return nil, time.Since(waitStart), lock.NewWaitError(ErrLocked, ctx)
-				}
-				return nil, time.Since(waitStart), err
-			}
-			poll = time.NewTimer(f.cfg.poll)
-			continue
-		}
-		if !f.lis.isRunning() {
-			// The listener's connection ended: start another (or poll).
-			f.lis.ensure(ctx)
-		}
-		if s.generation() != w.gen.Load() {
-			// The session was replaced, and the marker with it: without a
-			// new one, releases elsewhere would not notify.
-			if err := f.markWaiter(ctx, s, w); err != nil && ctx.Err() != nil {
-				return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-			}
-		}
-		select {
-		case <-wake:
-		case <-w.ch:
-		case <-poll.C:
-			poll.Reset(f.cfg.poll)
-		case <-ctx.Done():
-			return nil, waited(), lock.NewWaitError(ErrLocked, ctx)
-		case <-f.closing:
-			return nil, waited(), lock.ErrClosed
-		}
+			return w, nil
+		},
 	}
+	return backend.Wait(ctx, waiting, func() (*Holder, time.Duration, error) {
+		// If the session ends under the attempt (terminated, or its
+		// connection cut), Postgres freed all it held: a waiter tries
+		// again on the next session, once. A second loss in a row (a
+		// session that cannot work: a pooler, a dying server) is returned.
+		for retried := false; ; retried = true {
+			gen := s.generation()
+			h, err := f.try(ctx, s, e, o)
+			if err == nil || errors.Is(err, ErrLocked) || !o.Wait || retried || s.generation() == gen {
+				return h, 0, err
+			}
+		}
+	})
 }
 
-// try makes one attempt at a permit of e.
+// try makes one attempt at a permit of e: one statement on the session.
 func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options) (*Holder, error) {
 	select {
 	case e.busy <- struct{}{}:
@@ -418,23 +330,37 @@ func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options
 	if len(slots) == 0 {
 		return nil, ErrLocked
 	}
+	// Only a call that set something for Inspect to show writes a row.
+	pub := o.Owner != "" || len(o.Metadata) > 0
 	var h *Holder
 	err := s.do(ctx, true, func(sc *sessionConn) error {
-		var err error
+		var (
+			key  int64
+			slot int
+			tok  int64
+			err  error
+		)
 		if limit == 1 {
-			h, err = f.tryMutex(sc, e, o)
+			key = e.keys.mutex
+			tok, err = f.tryMutex(sc, e, o, pub)
 		} else {
-			h, err = f.trySemaphore(sc, e, o, slots, localHolders)
+			key, slot, tok, err = f.trySemaphore(sc, e, o, pub, slots, localHolders)
 		}
-		if h != nil {
-			f.mu.Lock()
-			e.held[h.slot] = h
-			e.limit = limit
-			e.refs++ // the holder's reference
-			f.mu.Unlock()
-			sc.s.add(h)
+		if err != nil {
+			return err
 		}
-		return err
+		h = &Holder{
+			f: f, s: s, gen: s.gen, e: e, key: key, slot: slot, limit: limit, token: uint64(tok),
+			pid: s.pid, since: time.Now(), published: pub, opts: o,
+			ctx: context.WithoutCancel(ctx), state: backend.NewState(),
+		}
+		f.mu.Lock()
+		e.held[slot] = h
+		e.limit = limit
+		e.refs++ // the holder's reference
+		f.mu.Unlock()
+		s.add(h)
+		return nil
 	})
 	return h, err
 }
@@ -443,33 +369,58 @@ func mismatch(name string, have, want int) error {
 	return fmt.Errorf("pglock: %w: %q has limit %d, caller asked for %d", lock.ErrLimitMismatch, name, have, want)
 }
 
-func (f *Factory) tryMutex(sc *sessionConn, e *entry, o *lock.Options) (*Holder, error) {
-	tok, pid, err := sc.hot(hotAcquire, e.keys.mutex, e.keys.mark)
+// row is what a published holder's row stores besides its lock: the owner,
+// and the metadata as a JSON object (nil: none).
+func row(o *lock.Options) (owner string, meta *string) {
+	if len(o.Metadata) > 0 {
+		m := jsonObject(o.Metadata)
+		meta = &m
+	}
+	return o.Owner, meta
+}
+
+// tryMutex takes the mutex of e, returning its token.
+func (f *Factory) tryMutex(sc *sessionConn, e *entry, o *lock.Options, pub bool) (int64, error) {
+	key := e.keys.mutex
+	var (
+		tok int64
+		pid int32
+		err error
+	)
+	if pub {
+		owner, meta := row(o)
+		err = sc.queryRow(f.st.mutexAcquirePub, key, e.keys.mark, e.prefix, e.name, owner, meta).Scan(&tok, &pid)
+	} else {
+		err = sc.queryRow(f.st.mutexAcquire, key, e.keys.mark).Scan(&tok, &pid)
+	}
 	if err != nil {
-		return nil, sc.cleanup(err, []int64{e.keys.mutex}, 0)
+		return 0, sc.cleanup(err, []int64{key}, 0)
 	}
 	if err := sc.checkPID(pid); err != nil {
-		return nil, err
+		return 0, err
 	}
 	if tok > 0 && !f.validToken(tok) {
-		if tok, err = sc.newToken(tok); err != nil {
-			return nil, sc.unlock(err, []int64{e.keys.mutex}, 0)
+		if tok, err = sc.newToken(tok, key, pub); err != nil {
+			return 0, sc.unlock(err, []int64{key}, 0)
 		}
 	}
 	switch {
 	case tok > 0:
-		return f.newHolder(sc, e, o, e.keys.mutex, 0, 1, tok), nil
+		return tok, nil
 	case tok == -1:
-		return nil, ErrLocked
+		return 0, ErrLocked
 	case tok == -2:
-		return nil, fmt.Errorf("pglock: %w: %q is held as a semaphore, caller asked for a mutex", lock.ErrLimitMismatch, e.name)
+		return 0, fmt.Errorf("pglock: %w: %q is held as a semaphore, caller asked for a mutex", lock.ErrLimitMismatch, e.name)
 	}
 	// The unlock after a failed check did not find the lock: the session
 	// is not what we think it is.
-	return nil, sc.fail(fmt.Errorf("pglock: unexpected acquire result %d", tok))
+	return 0, sc.fail(fmt.Errorf("pglock: unexpected acquire result %d", tok))
 }
 
-func (f *Factory) trySemaphore(sc *sessionConn, e *entry, o *lock.Options, slots []int, localHolders int) (*Holder, error) {
+// trySemaphore takes one of the free slots of e, returning its key, slot
+// and token. A name's first use as a semaphore, or a change of its limit,
+// takes a statement more.
+func (f *Factory) trySemaphore(sc *sessionConn, e *entry, o *lock.Options, pub bool, slots []int, localHolders int) (key int64, slot int, tok int64, err error) {
 	limit := o.Limit()
 	keys := make([]int64, len(slots))
 	slots32 := make([]int32, len(slots))
@@ -477,63 +428,61 @@ func (f *Factory) trySemaphore(sc *sessionConn, e *entry, o *lock.Options, slots
 		keys[i] = advisoryKey(kindSlot, e.prefix, e.name, s)
 		slots32[i] = int32(s)
 	}
+	owner, meta := row(o)
 	for attempt := 0; ; attempt++ {
 		takeMark := sc.s.marks[e.keys.mark] == 0
+		var mark int64 // the marker to give back on failure
+		if takeMark {
+			mark = e.keys.mark
+		}
 		var (
-			slot, stored, pid, status *int32
-			tok                       *int64
+			got, stored *int32
+			pid, status int32
+			t           *int64
 		)
-		err := sc.queryRow(f.st.semAcquire, []any{keys, slots32, e.keys.mark, takeMark, e.keys.mutex, e.keys.limit, int32(limit), e.prefix, e.name},
-			&slot, &tok, &stored, &pid, &status)
+		err := sc.queryRow(f.st.semAcquire, keys, slots32, e.keys.mark, takeMark, e.keys.mutex, e.keys.limit, int32(limit), e.prefix, e.name,
+			pub, owner, meta).Scan(&got, &t, &stored, &pid, &status)
 		if err != nil {
-			var mark int64
-			if takeMark {
-				mark = e.keys.mark
-			}
-			return nil, sc.cleanup(err, keys, mark)
+			return 0, 0, 0, sc.cleanup(err, keys, mark)
 		}
-		if err := sc.checkPID(*pid); err != nil {
-			return nil, err
+		if err := sc.checkPID(pid); err != nil {
+			return 0, 0, 0, err
 		}
-		if *status == 0 && !f.validToken(*tok) {
-			key := advisoryKey(kindSlot, e.prefix, e.name, int(*slot))
-			t, err := sc.newToken(*tok)
-			if err != nil {
-				var mark int64
-				if takeMark {
-					mark = e.keys.mark
-				}
-				return nil, sc.unlock(err, []int64{key}, mark)
-			}
-			tok = &t
-		}
-		switch *status {
+		switch status {
 		case 0:
+			slot = int(*got)
+			key = advisoryKey(kindSlot, e.prefix, e.name, slot)
+			tok = *t
+			if !f.validToken(tok) {
+				if tok, err = sc.newToken(tok, key, pub); err != nil {
+					return 0, 0, 0, sc.unlock(err, []int64{key}, mark)
+				}
+			}
 			sc.s.marks[e.keys.mark]++
-			return f.newHolder(sc, e, o, advisoryKey(kindSlot, e.prefix, e.name, int(*slot)), int(*slot), limit, *tok), nil
+			return key, slot, tok, nil
 		case 1:
-			return nil, ErrLocked
+			return 0, 0, 0, ErrLocked
 		case 3:
-			return nil, fmt.Errorf("%w: %q and the stored name of its limits row", ErrKeyCollision, e.name)
+			return 0, 0, 0, fmt.Errorf("%w: %q and the stored name of its limits row", ErrKeyCollision, e.name)
 		case 4:
-			return nil, fmt.Errorf("pglock: %w: %q is held as a mutex, caller asked for limit %d", lock.ErrLimitMismatch, e.name, limit)
+			return 0, 0, 0, fmt.Errorf("pglock: %w: %q is held as a mutex, caller asked for limit %d", lock.ErrLimitMismatch, e.name, limit)
 		}
 		// status 2: the stored limit differs. It may change only while
 		// nobody holds the name, and never under this factory's own holders.
 		have := int(*stored)
 		if localHolders > 0 || attempt >= 3 {
-			return nil, mismatch(e.name, have, limit)
+			return 0, 0, 0, mismatch(e.name, have, limit)
 		}
 		all := make([]int64, max(have, limit))
 		for i := range all {
 			all[i] = advisoryKey(kindSlot, e.prefix, e.name, i)
 		}
 		var done, pid2 int32
-		if err := sc.queryRow(f.st.relimit, []any{all, e.keys.limit, int32(limit), e.prefix, e.name}, &done, &pid2); err != nil {
-			return nil, sc.cleanup(err, nil, 0)
+		if err := sc.queryRow(f.st.relimit, all, e.keys.limit, int32(limit), e.prefix, e.name).Scan(&done, &pid2); err != nil {
+			return 0, 0, 0, sc.cleanup(err, nil, 0)
 		}
 		if err := sc.checkPID(pid2); err != nil {
-			return nil, err
+			return 0, 0, 0, err
 		}
 		switch done {
 		case 0:
@@ -542,206 +491,7 @@ func (f *Factory) trySemaphore(sc *sessionConn, e *entry, o *lock.Options, slots
 			// limit that another session set meanwhile (the next attempt
 			// sees it).
 		case 3:
-			return nil, fmt.Errorf("%w: %q and the stored name of its limits row", ErrKeyCollision, e.name)
+			return 0, 0, 0, fmt.Errorf("%w: %q and the stored name of its limits row", ErrKeyCollision, e.name)
 		}
-	}
-}
-
-func (f *Factory) newHolder(sc *sessionConn, e *entry, o *lock.Options, key int64, slot, limit int, tok int64) *Holder {
-	return &Holder{
-		f: f, s: sc.s, gen: sc.s.gen, e: e, name: e.name, key: key, slot: slot, limit: limit,
-		token: uint64(tok), pid: sc.s.pid, since: time.Now(), opts: o,
-		ctx: withoutCancel(sc.caller), state: backend.NewState(),
-	}
-}
-
-// withoutCancel is context.WithoutCancel, without the allocation when ctx
-// has no cancellation to drop.
-func withoutCancel(ctx context.Context) context.Context {
-	if ctx.Done() == nil {
-		return ctx
-	}
-	return context.WithoutCancel(ctx)
-}
-
-// Close releases everything the factory started: its lock sessions are
-// closed (so Postgres frees their locks and every holder loses its lock),
-// waiters and later calls fail with lock.ErrClosed, and the listener
-// connection is closed.
-func (f *Factory) Close() error {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		return nil
-	}
-	f.closed = true
-	close(f.closing)
-	if f.health != nil {
-		f.health.Stop()
-	}
-	f.mu.Unlock()
-	f.lis.close()
-	for _, s := range f.sessions {
-		s.close()
-	}
-	return nil
-}
-
-// Holder is one held lock or semaphore permit.
-type Holder struct {
-	f     *Factory
-	s     *session
-	gen   uint64
-	e     *entry
-	name  string
-	key   int64
-	slot  int
-	limit int
-	token uint64
-	pid   uint32
-	since time.Time
-	opts  *lock.Options
-	ctx   context.Context // the Acquire context without its cancellation, for reports
-	state *backend.State
-
-	relMu  sync.Mutex
-	relErr error
-
-	published bool // written to pglock_holders; guarded by the session
-}
-
-// Token is the fencing token: strictly increasing per name, taken from a
-// durable sequence in the statement that took the lock.
-func (h *Holder) Token() uint64 { return h.token }
-
-// Done is closed when the lock is released or lost.
-func (h *Holder) Done() <-chan struct{} { return h.state.Done() }
-
-// Err is nil while held or after Release, and matches ErrLockLost once
-// lost.
-func (h *Holder) Err() error { return h.state.Err() }
-
-// Name is the name the lock was acquired under.
-func (h *Holder) Name() string { return h.name }
-
-// BackendPID is the pid of the Postgres backend (the lock session) that
-// holds the lock, as pg_locks and pg_stat_activity show it.
-func (h *Holder) BackendPID() uint32 { return h.pid }
-
-// Release gives the lock up in one statement on its session. It is
-// idempotent and runs on a context of its own (backend.ReleaseContext).
-// If the unlock fails or its result is unknown, the session is closed, which
-// frees the lock on the server (and makes the other holders on that session
-// lose theirs). After a loss Release returns an error matching ErrLockLost.
-func (h *Holder) Release() error {
-	h.relMu.Lock()
-	defer h.relMu.Unlock()
-	if h.state.Ended() {
-		if err := h.state.Err(); err != nil {
-			return err
-		}
-		return h.relErr
-	}
-	var res int32
-	err := h.release(func(sc *sessionConn) error {
-		if sc.s.gen != h.gen {
-			return nil // the session ended; the holder was told
-		}
-		var pid int32
-		var err error
-		payload := h.e.keys.payload
-		switch {
-		case h.limit > 1:
-			sc.s.marks[h.e.keys.mark]--
-			drop := sc.s.marks[h.e.keys.mark] <= 0
-			if drop {
-				delete(sc.s.marks, h.e.keys.mark)
-			}
-			var tok *int64
-			if h.published {
-				t := int64(h.token)
-				tok = &t
-			}
-			var ok bool
-			err = sc.queryRow(h.f.st.semRelease, []any{h.key, h.e.keys.mark, drop, h.e.keys.waiters, payload, tok}, &ok, &pid)
-			if ok {
-				res = 1
-			}
-		case h.published:
-			var v int64
-			v, pid, err = sc.hot(hotReleasePub, h.key, h.e.keys.waiters, int64(h.token))
-			res = int32(v)
-		default:
-			var v int64
-			v, pid, err = sc.hot(hotRelease, h.key, h.e.keys.waiters)
-			res = int32(v)
-		}
-		if err != nil {
-			// Unknown or failed: close the session, which frees the lock.
-			return sc.fail(fmt.Errorf("pglock: release of %q: %w", h.name, err))
-		}
-		if err := sc.checkPID(pid); err != nil {
-			return err
-		}
-		sc.s.remove(h)
-		return nil
-	})
-	switch {
-	case h.state.Ended(): // lost before or while releasing
-		if err := h.state.Err(); err != nil {
-			return err
-		}
-		return h.relErr
-	case err != nil && !h.s.holds(h):
-		// The session was closed to free the lock: released, with an error.
-		h.relErr = err
-	case err != nil:
-		// The session could not be reached within the release timeout
-		// and still claims the lock: close it so the lock cannot leak.
-		h.s.forceClose()
-		h.relErr = err
-		return err
-	case res == 0:
-		h.lose(fmt.Errorf("%w: %q was no longer held by its session", ErrLockLost, h.name))
-		return h.state.Err()
-	}
-	h.unhold()
-	if h.state.End() {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: h.relErr})
-	}
-	return h.relErr
-}
-
-// release runs fn on the holder's session for Release: at once if the
-// session is free, else after waiting for it within
-// backend.ReleaseContext. The context (and its timer) is made only when
-// there is a wait.
-func (h *Holder) release(fn func(sc *sessionConn) error) error {
-	if !h.s.tryEnter() {
-		ctx, cancel := backend.ReleaseContext(h.ctx)
-		defer cancel()
-		return h.s.do(ctx, false, fn)
-	}
-	return h.s.run(h.ctx, false, fn)
-}
-
-// unhold takes the holder out of its name's table, and wakes the name's
-// local waiters.
-func (h *Holder) unhold() {
-	h.f.mu.Lock()
-	if h.e.held[h.slot] == h {
-		delete(h.e.held, h.slot)
-		h.e.wakeLocked()
-		h.f.unrefLocked(h.e)
-	}
-	h.f.mu.Unlock()
-}
-
-// lose records that the lock is gone: Done closes, Err matches
-// ErrLockLost, and local waiters are woken.
-func (h *Holder) lose(err error) {
-	h.unhold()
-	if h.state.Lose(err) {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }

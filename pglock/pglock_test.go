@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/pglock"
@@ -88,7 +89,8 @@ func TestDocumentedPgLocksQueryFindsTheLock(t *testing.T) {
 	pool := newPool(t)
 	f := newFactory(t, pool)
 	name := uniq(t) + "/ünï cødé"
-	h, err := f.Acquire(ctxT(t), name)
+	// With an owner, each holder has a row in pglock_holders.
+	h, err := f.Acquire(ctxT(t), name, pglock.WithOwner("docs"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +99,7 @@ func TestDocumentedPgLocksQueryFindsTheLock(t *testing.T) {
 		t.Fatalf("pg_locks shows %v holding %q; want [%d]", pids, name, h.BackendPID())
 	}
 	// The semaphore slot keys too.
-	s, err := f.Acquire(ctxT(t), name+"/sem", pglock.WithMaxConcurrent(2))
+	s, err := f.Acquire(ctxT(t), name+"/sem", pglock.WithMaxConcurrent(2), pglock.WithOwner("docs"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,34 +120,41 @@ func TestDocumentedPgLocksQueryFindsTheLock(t *testing.T) {
 	if err != nil || uint32(pid) != s.BackendPID() {
 		t.Fatalf("semaphore query: slot %d pid %d, %v", slot, pid, err)
 	}
-	eventually(t, 10*time.Second, "holders published", func() bool {
-		rows, err := pool.Query(ctxT(t), `SELECT h.ns, h.name, h.slot, h.token, h.since, h.owner, h.pid, a.application_name
-			FROM public.pglock_holders h
-			JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-			  AND l.pid = h.pid AND (l.classid::int8 << 32) | l.objid::int8 = h.key
-			JOIN pg_stat_activity a ON a.pid = h.pid`)
-		if err != nil {
+	// The rows are written by the acquire statements: there once Acquire
+	// returned.
+	rows, err := pool.Query(ctxT(t), `SELECT h.ns, h.name, h.slot, h.token, h.since, h.owner, h.pid, a.application_name
+		FROM public.pglock_holders h
+		JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+		  AND l.pid = h.pid AND (l.classid::int8 << 32) | l.objid::int8 = h.key
+		JOIN pg_stat_activity a ON a.pid = h.pid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for rows.Next() {
+		var ns, n, owner, app string
+		var slot, pid int32
+		var token int64
+		var since time.Time
+		if err := rows.Scan(&ns, &n, &slot, &token, &since, &owner, &pid, &app); err != nil {
 			t.Fatal(err)
 		}
-		found := 0
-		for rows.Next() {
-			var ns, n, owner, app string
-			var slot, pid int32
-			var token int64
-			var since time.Time
-			if err := rows.Scan(&ns, &n, &slot, &token, &since, &owner, &pid, &app); err != nil {
-				t.Fatal(err)
-			}
-			if (n == name && uint64(token) == h.Token()) || (n == name+"/sem" && uint64(token) == s.Token()) {
-				found++
-			}
+		if owner == "docs" && ((n == name && uint64(token) == h.Token()) || (n == name+"/sem" && uint64(token) == s.Token())) {
+			found++
 		}
-		return found == 2
-	})
+	}
+	if err := rows.Err(); err != nil || found != 2 {
+		t.Fatalf("published holders found: %d, %v; want 2", found, err)
+	}
 	h.Release()
 	s.Release()
 	if pids := heldBy(t, pool, name); len(pids) != 0 {
 		t.Fatalf("after Release pg_locks still shows %v", pids)
+	}
+	// Each release deleted its row.
+	var left int
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM public.pglock_holders WHERE name IN ($1, $2)`, name, name+"/sem").Scan(&left); err != nil || left != 0 {
+		t.Fatalf("rows left after Release: %d, %v", left, err)
 	}
 }
 
@@ -359,6 +368,47 @@ func TestInspectReportsSession(t *testing.T) {
 	if info, err := other.Inspect(ctxT(t), name); err != nil || len(info.Holders) != 0 {
 		t.Fatalf("Inspect after release = %+v, %v", info, err)
 	}
+
+	// A holder without owner or metadata has no row: Inspect shows its
+	// session, without a token.
+	h, err = f.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err = other.Inspect(ctxT(t), name)
+	if err != nil || info.Limit != 1 || len(info.Holders) != 1 {
+		t.Fatalf("Inspect of a plain holder = %+v, %v", info, err)
+	}
+	if hi := info.Holders[0]; hi.Token != 0 || hi.Owner != "" || !hi.Since.IsZero() ||
+		hi.Metadata["pg.pid"] != fmt.Sprint(h.BackendPID()) || hi.ID != fmt.Sprintf("pid %d (%s)", h.BackendPID(), app) {
+		t.Fatalf("plain holder = %+v; want pid %d and no token", hi, h.BackendPID())
+	}
+	h.Release()
+
+	// Semaphore permits: their slots, and the row of the one that has one.
+	sem := name + "/sem"
+	plain, err := f.Acquire(ctxT(t), sem, pglock.WithMaxConcurrent(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned, err := f.Acquire(ctxT(t), sem, pglock.WithMaxConcurrent(3), pglock.WithOwner("job-43"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err = other.Inspect(ctxT(t), sem)
+	if err != nil || info.Limit != 3 || len(info.Holders) != 2 {
+		t.Fatalf("Inspect of a semaphore = %+v, %v", info, err)
+	}
+	// Sorted by token: the plain permit (0) first.
+	if a, b := info.Holders[0], info.Holders[1]; a.Token != 0 || a.Metadata["pg.slot"] != "0" ||
+		b.Token != owned.Token() || b.Owner != "job-43" || b.Metadata["pg.slot"] != "1" {
+		t.Fatalf("semaphore holders = %+v", info.Holders)
+	}
+	plain.Release()
+	owned.Release()
+	if info, err := other.Inspect(ctxT(t), sem); err != nil || len(info.Holders) != 0 {
+		t.Fatalf("Inspect after release = %+v, %v", info, err)
+	}
 }
 
 func TestBadInput(t *testing.T) {
@@ -550,7 +600,8 @@ func TestTokensSurviveCounterReset(t *testing.T) {
 	var last uint64
 	take := func(opts ...pglock.Option) {
 		t.Helper()
-		h, err := f.Acquire(ctxT(t), name, opts...)
+		// With an owner, the holder's row gets the new token too.
+		h, err := f.Acquire(ctxT(t), name, append(opts, pglock.WithOwner("reset"))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -558,6 +609,10 @@ func TestTokensSurviveCounterReset(t *testing.T) {
 			t.Fatalf("token %d after %d", h.Token(), last)
 		}
 		last = h.Token()
+		info, err := f.Inspect(ctxT(t), name)
+		if err != nil || len(info.Holders) != 1 || info.Holders[0].Token != h.Token() {
+			t.Fatalf("Inspect = %+v, %v; want token %d", info, err, h.Token())
+		}
 		h.Release()
 	}
 	reset := func(sql string) {
@@ -578,4 +633,24 @@ func TestTokensSurviveCounterReset(t *testing.T) {
 	reset("SELECT setval('" + counter + "', (SELECT e FROM " + schema + ".pglock_epoch) * 4294967296 + 2147483647)")
 	take()
 	take()
+}
+
+// A pool without a statement cache (its statements in another mode, as
+// some pooler setups need) still works: the sessions use the pool's mode.
+func TestPoolWithoutStatementCache(t *testing.T) {
+	pool := newPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.StatementCacheCapacity = 0
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	})
+	f := newFactory(t, pool)
+	name := uniq(t)
+	for _, opts := range [][]pglock.Option{nil, {pglock.WithOwner("o")}, {pglock.WithMaxConcurrent(2)}, {pglock.WithMaxConcurrent(2), pglock.WithOwner("o")}} {
+		h, err := f.Acquire(ctxT(t), name+fmt.Sprint(len(opts)), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

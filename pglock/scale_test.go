@@ -73,7 +73,7 @@ func TestTenThousandLocksFewConnections(t *testing.T) {
 	if conns > 3 {
 		t.Fatalf("%d connections for %d locks; want at most 3 (2 sessions + listener)", conns, n)
 	}
-	// Release a tenth one by one (each deletes its published row), then
+	// Release a tenth one by one, then
 	// Close gives up the rest at once; under -race on a busy machine ten
 	// thousand releases alone take long.
 	start = time.Now()

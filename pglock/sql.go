@@ -54,21 +54,30 @@ type statements struct {
 	schema string
 	exists string // true when every object is in place
 
-	mutexAcquire, mutexRelease, mutexReleasePub string
-	semAcquire, semRelease, relimit             string
-	epoch, rebase, token                        string
-	publish, inspectLimit, inspect              string
+	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub string
+	semAcquire, semRelease, relimit                              string
+	epoch, rebase, token, retoken                                string
+	unlock, inspectLimit, inspect                                string
 }
 
 func newStatements(schema string) *statements {
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-	// A raw counter value; the factory checks it against the epoch.
-	token := `nextval(` + lit(q("pglock_token_counter")) + `::regclass)`
+	// The mutex key first; then, only if it was taken, the check that no
+	// other session holds a permit of a semaphore of the same name (its
+	// marker key, held shared), and the token counter (a raw value, which
+	// the factory checks against the epoch), in that order (CASE evaluates
+	// in order). Results: > 0 taken (the counter value), -1 busy, -2 a
+	// semaphore of the name is held.
+	const mutexTry = `CASE WHEN pg_try_advisory_lock($1::int8) THEN
+			CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN nextval(@ctr@::regclass)
+			WHEN pg_advisory_unlock($1::int8) THEN -2 ELSE -3 END
+		ELSE -1 END`
+	try := strings.ReplaceAll(mutexTry, "@ctr@", lit(q("pglock_token_counter")))
 	// 1 when no other session waits for the name (none holds its waiters
 	// key shared), else 2 after a NOTIFY with the key in decimal. pg_notify
 	// returns void: as the empty string's length it stays a plain
-	// expression, cheaper on every release than a sub-select.
+	// expression.
 	const notify = `CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN 1 ELSE 2 + length(pg_notify('` + notifyChannel + `', $2::int8::text)::text) END`
 	return &statements{
 		schema: schema,
@@ -79,47 +88,48 @@ func newStatements(schema string) *statements {
 			AND to_regprocedure(` + lit(q("pglock_token_v1")+"()") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_rebase_v1")+"()") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_key")+"(text,text,text,integer)") + `) IS NOT NULL
-			AND to_regprocedure(` + lit(q("pglock_sem_acquire_v1")+"(bigint[],integer[],bigint,boolean,bigint,bigint,integer,text,text)") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_sem_acquire_v2")+"(bigint[],integer[],bigint,boolean,bigint,bigint,integer,text,text,boolean,text,jsonb)") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_sem_release_v1")+"(bigint,bigint,boolean,bigint,text,bigint)") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_relimit_v1")+"(bigint[],bigint,integer,text,text)") + `) IS NOT NULL`,
 
-		// One round trip. The mutex key first; then, only if it was taken,
-		// the check that no other session holds a permit of a semaphore of
-		// the same name (its marker key, held shared), and the token
-		// counter, in that order (CASE evaluates in order). Results: > 0
-		// taken (the counter value), -1 busy, -2 a semaphore of the name is
-		// held.
-		mutexAcquire: `SELECT CASE WHEN pg_try_advisory_lock($1::int8) THEN
-				CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN ` + token + `
-				WHEN pg_advisory_unlock($1::int8) THEN -2 ELSE -3 END
-			ELSE -1 END, pg_backend_pid()`,
-		epoch:  `SELECT coalesce((SELECT e FROM ` + q("pglock_epoch") + `), 0), pg_backend_pid()`,
-		rebase: `SELECT pg_backend_pid() FROM ` + q("pglock_rebase_v1") + `()`,
-		token:  `SELECT token, epoch, pg_backend_pid() FROM ` + q("pglock_token_v1") + `()`,
-		// One round trip: unlock, then NOTIFY only if another session has a
-		// waiter for the name (holds the waiters key shared, so the
-		// exclusive try fails). 0 means the session did not hold the key.
+		// One round trip each.
+		mutexAcquire: `SELECT ` + try + `, pg_backend_pid()`,
+		// The same, also writing the holder's row for Inspect when the lock
+		// was taken ($3 prefix, $4 name, $5 owner, $6 metadata). The CTE is
+		// referenced twice, so it runs once.
+		mutexAcquirePub: `WITH a AS (SELECT ` + try + ` AS tok),
+			i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
+				SELECT $1::int8, tok, $3::text, $4::text, 0, 1, pg_backend_pid(), now(), $5::text, $6::jsonb FROM a WHERE tok > 0)
+			SELECT tok, pg_backend_pid() FROM a`,
+		// Unlock, then NOTIFY only if another session has a waiter for the
+		// name (holds the waiters key shared, so the exclusive try fails).
+		// 0 means the session did not hold the key.
 		mutexRelease: `SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
-		// The same, also deleting the holder's published row.
+		// The same, also deleting the holder's row ($3 its token).
 		mutexReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
 			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
 
-		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v1") + `($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v2") + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,
 		relimit:      `SELECT ` + q("pglock_relimit_v1") + `($1, $2, $3, $4, $5), pg_backend_pid()`,
 		inspectLimit: `SELECT lim, ns, name FROM ` + q("pglock_limits") + ` WHERE key = $1`,
 
-		publish: `WITH i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
-				SELECT k, t, n_s, n, s, l, pg_backend_pid(), ts, o, m::jsonb
-				FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::int4[], $6::int4[], $7::timestamptz[], $8::text[], $9::text[])
-					AS u(k, t, n_s, n, s, l, ts, o, m))
-			SELECT pg_backend_pid()`,
+		epoch:  `SELECT coalesce((SELECT e FROM ` + q("pglock_epoch") + `), 0), pg_backend_pid()`,
+		rebase: `SELECT pg_backend_pid() FROM ` + q("pglock_rebase_v1") + `()`,
+		token:  `SELECT token, epoch, pg_backend_pid() FROM ` + q("pglock_token_v1") + `()`,
+		// A holder's row gets the token that replaced an out-of-range value.
+		retoken: `UPDATE ` + q("pglock_holders") + ` SET token = $3 WHERE key = $1 AND token = $2 AND pid = pg_backend_pid()`,
+		// Gives up keys ($1) and a semaphore marker ($2, if $3) taken for a
+		// holder that is not to be, with the rows written for them.
+		unlock: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = ANY($1::int8[]) AND pid = pg_backend_pid())
+			SELECT pg_advisory_unlock(k) FROM unnest($1::int8[]) k
+			UNION ALL SELECT pg_advisory_unlock_shared($2::int8) WHERE $3::bool`,
 
-		// Held keys of the name, with the published holder rows and the
-		// sessions' pg_stat_activity entries.
+		// Held keys of the name, with the holder rows and the sessions'
+		// pg_stat_activity entries.
 		inspect: `SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, l.pid,
-				h.token, h.slot, h.lim, h.since, h.owner, h.metadata::text,
-				a.application_name, host(a.client_addr), a.backend_start
+				h.token, h.since, h.owner, h.metadata::text,
+				a.application_name, host(a.client_addr)
 			FROM pg_locks l
 			LEFT JOIN LATERAL (SELECT * FROM ` + q("pglock_holders") + ` h
 				WHERE h.key = (l.classid::int8 << 32) | l.objid::int8 AND h.pid = l.pid
@@ -151,7 +161,7 @@ func SetupSQL(schema string) string {
 		"@limits@", q("pglock_limits"),
 		"@holders@", q("pglock_holders"),
 		"@key@", q("pglock_key"),
-		"@semacq@", q("pglock_sem_acquire_v1"),
+		"@semacq@", q("pglock_sem_acquire_v2"),
 		"@semrel@", q("pglock_sem_release_v1"),
 		"@relimit@", q("pglock_relimit_v1"),
 		"@chan@", notifyChannel,
@@ -249,10 +259,12 @@ END
 $pglock$;
 
 -- status: 0 taken (token: the counter value), 1 busy, 2 limit mismatch (stored = the limit in force), 3 the limits row belongs
--- to another name (key collision), 4 the mutex of the name is held.
+-- to another name (key collision), 4 the mutex of the name is held. With p_pub, a permit taken is
+-- written to the holders table with p_owner and p_meta.
 CREATE OR REPLACE FUNCTION @semacq@(
 	p_keys bigint[], p_slots integer[], p_mark bigint, p_take_mark boolean,
 	p_mutex bigint, p_limkey bigint, p_lim integer, p_ns text, p_name text,
+	p_pub boolean, p_owner text, p_meta jsonb,
 	OUT slot integer, OUT token bigint, OUT stored integer, OUT pid integer, OUT status integer)
 LANGUAGE plpgsql AS $pglock$
 DECLARE
@@ -297,6 +309,10 @@ BEGIN
 	ELSE
 		status := 0; stored := r.lim;
 		token := nextval(@ctrlit@::regclass);
+		IF p_pub THEN
+			INSERT INTO @holders@ (key, token, ns, name, slot, lim, pid, since, owner, metadata)
+			VALUES (k, token, p_ns, p_name, slot, p_lim, pid, now(), p_owner, p_meta);
+		END IF;
 		RETURN;
 	END IF;
 	IF k IS NOT NULL THEN PERFORM pg_advisory_unlock(k); END IF;

@@ -16,12 +16,18 @@ import (
 // its connection is closed: an idle factory keeps none.
 const listenerIdle = time.Second
 
-// waitReg is one waiting Acquire.
+// waitReg is one waiting Acquire's backend.Subscription: its channel is
+// signalled by the listener when another session releases the name, and
+// by this factory's own releases and losses of it; the name is marked as
+// waited for on its session, so that releases elsewhere notify.
 type waitReg struct {
-	key    int64         // the waiters key of the name
-	ch     chan struct{} // buffered 1: a release notification arrived
-	gen    atomic.Uint64 // the session generation its marker was taken on
-	marked bool          // guarded by the session
+	f      *Factory
+	s      *session
+	ctx    context.Context // the Acquire's
+	key    int64           // the waiters key of the name
+	ch     chan struct{}   // buffered 1: the name may be free
+	gen    atomic.Uint64   // the session generation its marker was taken on
+	marked bool            // guarded by the session
 }
 
 // listener owns the connection that LISTENs for release notifications
@@ -46,22 +52,74 @@ func newListener(f *Factory) *listener {
 	return &listener{f: f, subs: map[int64]map[*waitReg]struct{}{}}
 }
 
-// registerWaiter subscribes w to notifications, then marks the name as
-// waited for on its session (the waiters key, held shared), so that every
-// release after that point notifies. Without a listener (no connection for
-// it) the waiter still works, by polling.
-func (f *Factory) registerWaiter(ctx context.Context, s *session, w *waitReg) error {
+// registerWaiter subscribes a waiter for the name whose waiters key is
+// key, then marks the name as waited for on its session (the waiters key,
+// held shared), so that every release after that point notifies. Without a
+// listener (no connection for it) the waiter still works, by polling.
+func (f *Factory) registerWaiter(ctx context.Context, s *session, key int64) (*waitReg, error) {
+	w := &waitReg{f: f, s: s, ctx: ctx, key: key, ch: make(chan struct{}, 1)}
 	f.lis.subscribe(w)
 	if err := f.lis.ensure(ctx); err != nil {
 		backend.Log(&f.opts).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
 	}
-	return f.markWaiter(ctx, s, w)
+	if err := f.markWaiter(w); err != nil {
+		f.lis.unsubscribe(w)
+		return nil, err
+	}
+	return w, nil
+}
+
+// Wake returns the waiter's channel. Before each attempt it makes sure a
+// release elsewhere still signals it: the listener runs (its connection
+// may have ended), and the name is marked on the session's current
+// connection (a replaced session lost the marker). Failures leave the
+// waiter polling.
+func (w *waitReg) Wake() <-chan struct{} {
+	if !w.f.lis.isRunning() {
+		w.f.lis.ensure(w.ctx)
+	}
+	if w.s.generation() != w.gen.Load() {
+		w.f.markWaiter(w)
+	}
+	return w.ch
+}
+
+// Close ends the wait: the marker is dropped when the last local waiter of
+// the name on its session leaves.
+func (w *waitReg) Close() {
+	w.f.lis.unsubscribe(w)
+	if !w.marked {
+		return
+	}
+	// The wait may have ended with its context.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.f.cfg.stmtTimeout)
+	defer cancel()
+	w.s.do(ctx, false, func(sc *sessionConn) error {
+		if sc.s.gen != w.gen.Load() {
+			return nil // the session, and its marker, are gone
+		}
+		s := sc.s
+		s.waits[w.key]--
+		if s.waits[w.key] > 0 {
+			return nil
+		}
+		delete(s.waits, w.key)
+		var pid int32
+		if err := sc.queryRow("SELECT pg_advisory_unlock_shared($1::int8), pg_backend_pid()", w.key).Scan(nil, &pid); err != nil {
+			if sc.clean(err) {
+				return err
+			}
+			return sc.fail(err)
+		}
+		return sc.checkPID(pid)
+	})
 }
 
 // markWaiter takes the waiters marker for w on the session's current
 // connection, unless it holds it already.
-func (f *Factory) markWaiter(ctx context.Context, s *session, w *waitReg) error {
-	return s.do(ctx, true, func(sc *sessionConn) error {
+func (f *Factory) markWaiter(w *waitReg) error {
+	return w.s.do(w.ctx, true, func(sc *sessionConn) error {
+		s := sc.s
 		if w.marked && w.gen.Load() == s.gen {
 			return nil
 		}
@@ -69,7 +127,7 @@ func (f *Factory) markWaiter(ctx context.Context, s *session, w *waitReg) error 
 		w.gen.Store(s.gen)
 		if s.waits[w.key] == 0 {
 			var pid int32
-			if err := sc.queryRow("SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1::int8)", []any{w.key}, &pid); err != nil {
+			if err := sc.queryRow("SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1::int8)", w.key).Scan(&pid); err != nil {
 				if sc.clean(err) {
 					return err
 				}
@@ -82,35 +140,6 @@ func (f *Factory) markWaiter(ctx context.Context, s *session, w *waitReg) error 
 		s.waits[w.key]++
 		w.marked = true
 		return nil
-	})
-}
-
-// unregisterWaiter undoes registerWaiter; the marker is dropped when the
-// last local waiter of the name on its session leaves.
-func (f *Factory) unregisterWaiter(ctx context.Context, s *session, w *waitReg) {
-	f.lis.unsubscribe(w)
-	if !w.marked {
-		return
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.stmtTimeout)
-	defer cancel()
-	s.do(rctx, false, func(sc *sessionConn) error {
-		if s.gen != w.gen.Load() {
-			return nil // the session, and its marker, are gone
-		}
-		s.waits[w.key]--
-		if s.waits[w.key] > 0 {
-			return nil
-		}
-		delete(s.waits, w.key)
-		var pid int32
-		if err := sc.queryRow("SELECT pg_advisory_unlock_shared($1::int8), pg_backend_pid()", []any{w.key}, new(bool), &pid); err != nil {
-			if sc.clean(err) {
-				return err
-			}
-			return sc.fail(err)
-		}
-		return sc.checkPID(pid)
 	})
 }
 
@@ -213,14 +242,16 @@ func (l *listener) loop(ctx context.Context, c *pgx.Conn, done chan struct{}) {
 		if err != nil {
 			continue
 		}
-		l.mu.Lock()
-		for w := range l.subs[key] {
-			select {
-			case w.ch <- struct{}{}:
-			default:
-			}
-		}
-		l.mu.Unlock()
+		l.signal(key)
+	}
+}
+
+// signal wakes the waiters of the name whose waiters key is key.
+func (l *listener) signal(key int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w := range l.subs[key] {
+		w.wake()
 	}
 }
 
@@ -230,11 +261,15 @@ func (l *listener) broadcast() {
 	defer l.mu.Unlock()
 	for _, m := range l.subs {
 		for w := range m {
-			select {
-			case w.ch <- struct{}{}:
-			default:
-			}
+			w.wake()
 		}
+	}
+}
+
+func (w *waitReg) wake() {
+	select {
+	case w.ch <- struct{}{}:
+	default: // one is pending already
 	}
 }
 
