@@ -97,8 +97,6 @@ func (s opSet) bestPeer(group string, cd cond) (string, time.Duration) {
 
 func groupOf(id string) string { g, _, _ := strings.Cut(id, "/"); return g }
 
-func nameOf(id string) string { _, n, _ := strings.Cut(id, "/"); return n }
-
 func (c *contCase) agg(cd cond) (h summary, tput float64, maxWait time.Duration, fewest, most int) {
 	var hs []summary
 	var tp []float64
@@ -120,15 +118,6 @@ func maxOf(ds []time.Duration) time.Duration {
 		m = max(m, d)
 	}
 	return m
-}
-
-func (r *Result) cont(id string) *contCase {
-	for _, c := range r.contended {
-		if c.id == id {
-			return c
-		}
-	}
-	return nil
 }
 
 func (r *Result) conditions() []cond {
