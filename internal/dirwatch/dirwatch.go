@@ -11,7 +11,6 @@
 package dirwatch
 
 import (
-	"strings"
 	"sync"
 	"time"
 )
@@ -134,20 +133,4 @@ func (h *hub) wake(esc string) {
 			l.ch = make(chan struct{})
 		}
 	}
-}
-
-// nameOf returns the escaped name whose lock file is file, or "".
-func nameOf(file string) string {
-	esc, rest, ok := strings.Cut(file, ".")
-	if !ok || esc == "" {
-		return ""
-	}
-	if rest == "lock" {
-		return esc
-	}
-	n, ok := strings.CutSuffix(rest, ".lock")
-	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
-		return ""
-	}
-	return esc
 }

@@ -3,6 +3,7 @@ package dirwatch
 import (
 	"bytes"
 	"os"
+	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -73,4 +74,20 @@ func (w *watch) run(dir string) {
 func (w *watch) stop() {
 	w.f.Close()
 	<-w.done
+}
+
+// nameOf returns the escaped name whose lock file is file, or "".
+func nameOf(file string) string {
+	esc, rest, ok := strings.Cut(file, ".")
+	if !ok || esc == "" {
+		return ""
+	}
+	if rest == "lock" {
+		return esc
+	}
+	n, ok := strings.CutSuffix(rest, ".lock")
+	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+		return ""
+	}
+	return esc
 }
