@@ -19,6 +19,7 @@ type Option func(*Options)
 type Options struct {
 	MaxConcurrent int               // permits per name; 1 (a mutex) unless set
 	Wait          bool              // wait for the lock instead of failing with ErrLocked
+	WaitTimeout   time.Duration     // with Wait, the longest an Acquire waits; 0: until its context ends
 	TTL           time.Duration     // lease length, for backends that lease; 0 means the backend's default
 	KeyPrefix     string            // namespace for the backend's keys
 	Dir           string            // directory for file-based backends
@@ -93,6 +94,21 @@ func WithMaxConcurrent(n int) Option {
 // context returns a *WaitError, which matches both ErrLocked and the
 // context's error.
 func WithWait() Option { return func(o *Options) { o.Wait = true } }
+
+// WithWaitTimeout makes Acquire wait, as WithWait does, but for at most
+// d: a wait that runs out returns a *WaitError matching ErrLocked and
+// context.DeadlineExceeded. It bounds the wait alone: unlike a deadline on
+// the Acquire context, it does not end the work WithLock runs once the
+// lock is held.
+func WithWaitTimeout(d time.Duration) Option {
+	return func(o *Options) {
+		if d <= 0 {
+			o.invalid("WithWaitTimeout(%v): must be positive", d)
+			return
+		}
+		o.Wait, o.WaitTimeout = true, d
+	}
+}
 
 // WithTTL sets the lease length of lease backends: how long a crashed
 // holder keeps the lock before it frees by itself.

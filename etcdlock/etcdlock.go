@@ -122,6 +122,8 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
+	ctx, cancel := backend.WaitContext(ctx, &o)
+	defer cancel()
 	var h *Holder
 	var wait time.Duration
 	if err == nil {

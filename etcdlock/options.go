@@ -31,6 +31,9 @@ func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 // context ends, woken by an etcd watch.
 func WithWait() Option { return lock.WithWait() }
 
+// WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
+func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
+
 // WithTTL sets the lease length: how long the locks of a process that died
 // (or lost touch with etcd) stay held. etcd leases count whole seconds, so d
 // must be a whole number of seconds, at least 1s; anything else is an error

@@ -142,6 +142,8 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, validate)
+	ctx, cancel := backend.WaitContext(ctx, &o)
+	defer cancel()
 	var h *Holder
 	var wait time.Duration
 	if err == nil {

@@ -60,6 +60,9 @@ func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 // markers freed by crash, expiry or another host. Waiting is not FIFO.
 func WithWait() Option { return lock.WithWait() }
 
+// WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
+func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
+
 // WithAutoRenew turns background refreshing of the marker on or off. It is
 // on inside WithLock and AsLocker and off for a bare Acquire, whose caller
 // refreshes with Extend. Each held lock is refreshed on a timer of its own.

@@ -190,6 +190,8 @@ func checkPermits(o *lock.Options) error {
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
+	ctx, cancel := backend.WaitContext(ctx, &o)
+	defer cancel()
 	var h *Holder
 	var wait time.Duration
 	if err == nil {

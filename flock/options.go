@@ -32,6 +32,9 @@ func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 // held lock fails at once with ErrLocked.
 func WithWait() Option { return lock.WithWait() }
 
+// WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
+func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
+
 // WithOwner records who holds the lock (a job or trace id) in the lock
 // file, where Inspect and cat show it. Default: none, and Inspect reports
 // pid@host.

@@ -84,6 +84,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("BadOptions", s.badOptions)
 	t.Run("Wait", s.wait)
 	t.Run("WaitTimeout", s.waitTimeout)
+	t.Run("WithWaitTimeout", s.withWaitTimeout)
 	t.Run("WaitCancelMany", s.waitCancelMany)
 	t.Run("Semaphore", s.semaphore)
 	t.Run("SemaphoreExclusion", s.semaphoreExclusion)
@@ -462,6 +463,7 @@ func (s *suite) badOptions(t *testing.T) {
 		{"WithMaxConcurrent(-1)", lock.WithMaxConcurrent(-1)},
 		{"WithTTL(0)", lock.WithTTL(0)},
 		{"WithTTL(-1s)", lock.WithTTL(-time.Second)},
+		{"WithWaitTimeout(0)", lock.WithWaitTimeout(0)},
 	} {
 		h, err := s.New(t, tc.opt).Acquire(ctxT(t), s.name(t, "x"))
 		if err == nil {
@@ -533,6 +535,44 @@ func (s *suite) waitTimeout(t *testing.T) {
 	}
 	s.mustRelease(t, h)
 	s.mustRelease(t, s.mustAcquire(t, s.New(t), name))
+}
+
+// withWaitTimeout: WithWaitTimeout bounds the wait and nothing else. A
+// wait that runs out is a WaitError while the caller's context lives on;
+// a lock it gets is held, and WithLock's work runs, past the bound.
+func (s *suite) withWaitTimeout(t *testing.T) {
+	if !s.Wait {
+		t.Skip("backend does not claim WithWait")
+	}
+	const bound = 100 * time.Millisecond
+	name := s.name(t, "x")
+	ctx := ctxT(t)
+	h := s.mustAcquire(t, s.New(t), name)
+	w, err := s.New(t, lock.WithWaitTimeout(bound)).Acquire(ctx, name)
+	if err == nil {
+		w.Release()
+		t.Fatal("a wait with WithWaitTimeout on a held lock succeeded")
+	}
+	for _, want := range []error{s.ErrLocked, lock.ErrLocked, context.DeadlineExceeded} {
+		if !errors.Is(err, want) {
+			t.Errorf("a wait that ran out = %v; want it to match %v", err, want)
+		}
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the caller's context ended")
+	}
+	s.mustRelease(t, h)
+	err = lock.WithLock(ctx, s.New(t, lock.WithWaitTimeout(bound)), name, func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the work's context ended: %w", context.Cause(ctx))
+		case <-time.After(4 * bound):
+			return nil
+		}
+	})
+	if err != nil {
+		t.Fatalf("WithLock with WithWaitTimeout(%v), work of %v: %v", bound, 4*bound, err)
+	}
 }
 
 // waitCancelMany: waiters that give up must not keep or leak a permit.

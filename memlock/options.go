@@ -18,6 +18,9 @@ func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 // WithWait makes Acquire wait, in FIFO order, until a permit is free.
 func WithWait() Option { return lock.WithWait() }
 
+// WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
+func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
+
 // WithTTL gives each lock a lease: a holder that neither releases nor
 // extends within d loses the lock. Without a TTL memlock locks never expire.
 func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }

@@ -27,6 +27,9 @@ func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 // WithPollInterval) for locks freed by a session that ended.
 func WithWait() Option { return lock.WithWait() }
 
+// WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
+func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
+
 // WithKeyPrefix is the namespace of the advisory keys: the same name under
 // two prefixes is two different locks. Default "". It must not contain NUL.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }

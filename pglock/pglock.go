@@ -181,6 +181,8 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, checkCall)
+	ctx, cancel := backend.WaitContext(ctx, &o)
+	defer cancel()
 	var h *Holder
 	var wait time.Duration
 	if err == nil {

@@ -37,6 +37,9 @@ func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 // in case its holder dies without releasing.
 func WithWait() Option { return lock.WithWait() }
 
+// WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
+func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
+
 // WithTTL sets the lease length (default DefaultTTL, at least MinTTL).
 // Redis frees a lock whose holder neither released nor extended it within
 // d. The holder itself considers the lock lost slightly earlier, at

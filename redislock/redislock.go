@@ -245,6 +245,8 @@ func (f *Factory) leaseOf(o *lock.Options) lease {
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := f.resolve(name, opts)
+	ctx, cancel := backend.WaitContext(ctx, &o)
+	defer cancel()
 	var h *Holder
 	var wait time.Duration
 	if err == nil {
