@@ -101,7 +101,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 		err = checkTTL(o.TTL)
 	}
 	if err == nil && cli == nil {
-		err = errors.New("etcdlock: NewFactory was given a nil *clientv3.Client")
+		err = fmt.Errorf("etcdlock: %w: nil *clientv3.Client", lock.ErrInvalidOption)
 	}
 	host, _ := os.Hostname()
 	var id [8]byte
