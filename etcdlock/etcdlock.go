@@ -671,7 +671,7 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 }
 
 // Close revokes the factory's leases, which frees every lock it holds (their
-// holders see ErrLockLost), makes waiters and later Acquire calls fail with
+// holders' Err matches ErrLockLost and lock.ErrClosed), makes waiters and later Acquire calls fail with
 // lock.ErrClosed, and stops its background work. It does not close the
 // client.
 func (f *Factory) Close() error {

@@ -239,8 +239,8 @@ func TestClose(t *testing.T) {
 	if err := <-waiting; !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("waiter after Close: %v; want ErrClosed", err)
 	}
-	if !errors.Is(h.Err(), lock.ErrLockLost) {
-		t.Fatalf("holder after Close: %v", h.Err())
+	if !errors.Is(h.Err(), lock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
 	}
 	if _, err := f.Acquire(ctx, "x"); !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("Acquire after Close: %v", err)

@@ -76,7 +76,7 @@ func (h *Holder) expire() {
 // reportLost reports h's loss, once its state has recorded it; outside f.mu,
 // as an observer may be slow.
 func (h *Holder) reportLost() {
-	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: ErrLockLost})
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: h.f.clock.Now().Sub(h.since), Err: h.state.Err()})
 }
 
 // Name is the name the lock was acquired under.

@@ -245,8 +245,9 @@ func (f *Factory) ForceLoss(name string) int {
 	return len(lost)
 }
 
-// Close makes every held lock lost and every waiter and later Acquire fail
-// with lock.ErrClosed.
+// Close makes every held lock lost (its Err matches ErrLockLost and
+// lock.ErrClosed) and every waiter and later Acquire fail with
+// lock.ErrClosed.
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	f.closed = true
@@ -263,11 +264,12 @@ func (f *Factory) Close() error {
 	}
 	clear(f.names)
 	f.mu.Unlock()
+	closed := fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed)
 	for _, h := range lost {
 		if h.stop != nil {
 			h.stop()
 		}
-		if h.state.Lose(ErrLockLost) {
+		if h.state.Lose(closed) {
 			h.reportLost()
 		}
 	}

@@ -459,8 +459,8 @@ func TestCloseEndsHoldersAndWaiters(t *testing.T) {
 	}
 	f.Close()
 	<-h.Done()
-	if !errors.Is(h.Err(), pglock.ErrLockLost) {
-		t.Fatalf("holder after Close: %v", h.Err())
+	if !errors.Is(h.Err(), pglock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
 	}
 	if _, err := f.Acquire(ctxT(t), name); !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("Acquire after Close: %v", err)
