@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,5 +122,56 @@ func TestFinishWaitEndedByContext(t *testing.T) {
 	}
 	if err := finish(true, lock.ErrClosed); err != lock.ErrClosed {
 		t.Errorf("closed: %v, want the error as it is", err)
+	}
+}
+
+// levels is a slog handler that records the level of every record.
+type levels struct {
+	mu  sync.Mutex
+	got []slog.Level
+}
+
+func (l *levels) Enabled(context.Context, slog.Level) bool { return true }
+func (l *levels) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, r.Level)
+	return nil
+}
+func (l *levels) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *levels) WithGroup(string) slog.Handler      { return l }
+
+// A loss is logged at Warn, unless Close caused it: the caller asked for
+// that, so it is logged at Debug. The observer sees both.
+func TestReportLevels(t *testing.T) {
+	for _, tc := range []struct {
+		what string
+		e    lock.Event
+		want slog.Level
+	}{
+		{"acquired", lock.Event{Op: lock.OpAcquire}, slog.LevelDebug},
+		{"failed", lock.Event{Op: lock.OpAcquire, Err: errors.New("down")}, slog.LevelWarn},
+		{"lost", lock.Event{Op: lock.OpLost, Err: lock.ErrLockLost}, slog.LevelWarn},
+		{"lost to Close", lock.Event{Op: lock.OpLost, Err: fmt.Errorf("%w: %w", lock.ErrLockLost, lock.ErrClosed)}, slog.LevelDebug},
+	} {
+		h := &levels{}
+		var seen int
+		o := &lock.Options{Logger: slog.New(h), Observer: lock.ObserverFunc(func(context.Context, lock.Event) { seen++ })}
+		backend.Report(context.Background(), o, tc.e)
+		if len(h.got) != 1 || h.got[0] != tc.want || seen != 1 {
+			t.Errorf("%s: logged at %v, observed %d times; want one line at %v, observed once", tc.what, h.got, seen, tc.want)
+		}
+	}
+}
+
+// A failure the backend retries by itself is observed as an error and
+// logged at Debug: the loss it may lead to has its own Warn line.
+func TestReportRetried(t *testing.T) {
+	h := &levels{}
+	var got []lock.Event
+	o := &lock.Options{Logger: slog.New(h), Observer: lock.ObserverFunc(func(_ context.Context, e lock.Event) { got = append(got, e) })}
+	backend.ReportRetried(context.Background(), o, lock.Event{Op: lock.OpExtend, Err: errors.New("down")})
+	if len(h.got) != 1 || h.got[0] != slog.LevelDebug || len(got) != 1 || got[0].Outcome != lock.OutcomeError {
+		t.Errorf("logged at %v, observed %+v; want one Debug line and one error event", h.got, got)
 	}
 }

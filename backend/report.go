@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	"github.com/ubgo/lock"
@@ -18,8 +19,28 @@ func Log(o *lock.Options) *slog.Logger {
 // Report logs e and hands it to o's observer. Backends call it once per
 // operation; the outcome is derived from e.Err when left empty.
 // Acquisitions, releases and extensions are logged at Debug, failures and
-// losses at Warn.
+// losses at Warn, except a loss caused by the factory's Close (e.Err
+// matches lock.ErrClosed), which the caller asked for: Debug.
 func Report(ctx context.Context, o *lock.Options, e lock.Event) {
+	if e.Outcome == "" {
+		e.Outcome = lock.OutcomeOf(e.Err)
+	}
+	warn := e.Op == lock.OpLost || e.Outcome == lock.OutcomeError || e.Outcome == lock.OutcomeLost
+	if e.Op == lock.OpLost && errors.Is(e.Err, lock.ErrClosed) {
+		warn = false
+	}
+	report(ctx, o, e, warn)
+}
+
+// ReportRetried reports a failure the backend retries by itself, such as a
+// background renewal: the observer sees it as it is, the log has it at
+// Debug. If the retries do not save the lock, its loss is reported (at
+// Warn), so one loss is one Warn line.
+func ReportRetried(ctx context.Context, o *lock.Options, e lock.Event) {
+	report(ctx, o, e, false)
+}
+
+func report(ctx context.Context, o *lock.Options, e lock.Event, warn bool) {
 	if e.Outcome == "" {
 		e.Outcome = lock.OutcomeOf(e.Err)
 	}
@@ -27,7 +48,7 @@ func Report(ctx context.Context, o *lock.Options, e lock.Event) {
 		o.Observer.Observe(ctx, e)
 	}
 	level := slog.LevelDebug
-	if e.Op == lock.OpLost || e.Outcome == lock.OutcomeError || e.Outcome == lock.OutcomeLost {
+	if warn {
 		level = slog.LevelWarn
 	}
 	log := Log(o)

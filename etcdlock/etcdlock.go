@@ -101,7 +101,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 		err = checkTTL(o.TTL)
 	}
 	if err == nil && cli == nil {
-		err = errors.New("etcdlock: NewFactory was given a nil *clientv3.Client")
+		err = fmt.Errorf("etcdlock: %w: nil *clientv3.Client", lock.ErrInvalidOption)
 	}
 	host, _ := os.Hostname()
 	var id [8]byte
@@ -673,7 +673,7 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 }
 
 // Close revokes the factory's leases, which frees every lock it holds (their
-// holders see ErrLockLost), makes waiters and later Acquire calls fail with
+// holders' Err matches ErrLockLost and lock.ErrClosed), makes waiters and later Acquire calls fail with
 // lock.ErrClosed, and stops its background work. It does not close the
 // client.
 func (f *Factory) Close() error {

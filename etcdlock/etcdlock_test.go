@@ -50,11 +50,11 @@ func TestInvalidInput(t *testing.T) {
 		}
 	}
 	f := etcdlock.NewFactory(nil)
-	if _, err := f.Acquire(ctx, "x"); err == nil {
-		t.Fatal("Acquire on a factory with a nil client succeeded")
+	if _, err := f.Acquire(ctx, "x"); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("Acquire on a factory with a nil client = %v; want ErrInvalidOption", err)
 	}
-	if _, err := f.Inspect(ctx, "x"); err == nil {
-		t.Fatal("Inspect on a factory with a nil client succeeded")
+	if _, err := f.Inspect(ctx, "x"); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("Inspect on a factory with a nil client = %v; want ErrInvalidOption", err)
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
@@ -239,8 +239,8 @@ func TestClose(t *testing.T) {
 	if err := <-waiting; !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("waiter after Close: %v; want ErrClosed", err)
 	}
-	if !errors.Is(h.Err(), lock.ErrLockLost) {
-		t.Fatalf("holder after Close: %v", h.Err())
+	if !errors.Is(h.Err(), lock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
 	}
 	if _, err := f.Acquire(ctx, "x"); !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("Acquire after Close: %v", err)

@@ -89,7 +89,7 @@ func (h *Holder) release() error {
 		h.end(err)
 		return err
 	case !resp.Succeeded:
-		h.lose()
+		h.lose(ErrLockLost)
 		return ErrLockLost
 	}
 	h.f.unclaim(h.claim)
@@ -136,7 +136,7 @@ func (h *Holder) extend(ctx context.Context) error {
 			// was no longer this holder's.
 			return ErrLockLost
 		}
-		h.lose()
+		h.lose(ErrLockLost)
 	}
 	if h.state.Ended() {
 		return ErrLockLost
@@ -144,11 +144,11 @@ func (h *Holder) extend(ctx context.Context) error {
 	return nil
 }
 
-// lose makes the holder lose its lock.
-func (h *Holder) lose() {
+// lose makes the holder lose its lock with err, which matches ErrLockLost.
+func (h *Holder) lose(err error) {
 	h.w.untrack(h.claim)
-	if h.state.Lose(ErrLockLost) {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+	if h.state.Lose(err) {
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 	h.detach()
 	// The key is gone, or goes with a lease that is no longer renewed; an

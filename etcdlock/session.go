@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -360,7 +361,7 @@ func (s *session) die(revoke bool) {
 	}
 	s.f.forget(s)
 	for _, h := range holders {
-		h.lose()
+		h.lose(ErrLockLost)
 	}
 	if revoke && len(holders)+orphans > 0 {
 		s.f.spawn(func() { s.revoke() })
@@ -412,8 +413,9 @@ func (s *session) end() error {
 	if !ok {
 		return nil
 	}
+	closed := fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed)
 	for _, h := range holders {
-		h.lose()
+		h.lose(closed)
 	}
 	return s.revoke()
 }

@@ -298,7 +298,7 @@ func (w *watcher) deleted(key string, rev int64) {
 	}
 	w.mu.Unlock()
 	if lost != nil {
-		lost.lose()
+		lost.lose(ErrLockLost)
 	}
 }
 

@@ -553,7 +553,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 }
 
 // Close makes every lock held through the factory lost (their markers are
-// removed) and every waiter and later Acquire fail with lock.ErrClosed.
+// removed; Err matches ErrLockLost and lock.ErrClosed) and every waiter and later Acquire fail with lock.ErrClosed.
 // Once it returns, no background work of the factory touches the directory.
 func (f *Factory) Close() error {
 	f.mu.Lock()

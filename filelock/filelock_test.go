@@ -602,8 +602,8 @@ func TestClose(t *testing.T) {
 		t.Fatalf("waiter after Close: %v", err)
 	}
 	for _, h := range []lock.Holder{h, r} {
-		if !errors.Is(h.Err(), filelock.ErrLockLost) {
-			t.Fatalf("holder after Close: %v", h.Err())
+		if !errors.Is(h.Err(), filelock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+			t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
 		}
 		if _, err := os.Stat(h.(*filelock.Holder).Path()); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("marker left after Close: %v", err)

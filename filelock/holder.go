@@ -311,7 +311,7 @@ func (h *Holder) lose(err error) {
 // closeByFactory ends the lock when its factory closes: lost at once, then
 // the marker removed if still ours.
 func (h *Holder) closeByFactory() error {
-	h.lose(fmt.Errorf("%w: factory closed", ErrLockLost))
+	h.lose(fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.over {

@@ -155,7 +155,8 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 }
 
 // Close makes every lock held through the factory lost (its files are
-// closed, so the kernel frees them), fails waiting and later Acquires with
+// closed, so the kernel frees them; Err matches ErrLockLost and
+// lock.ErrClosed), fails waiting and later Acquires with
 // lock.ErrClosed, and waits for a sweep it started to stop.
 func (f *Factory) Close() error {
 	f.mu.Lock()
@@ -173,8 +174,9 @@ func (f *Factory) Close() error {
 		f.timer.Stop()
 	}
 	f.mu.Unlock()
+	closed := fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed)
 	for _, h := range held {
-		h.lose()
+		h.lose(closed)
 	}
 	f.wg.Wait()
 	return nil

@@ -289,7 +289,7 @@ func TestCloseLosesHoldersAndWaiters(t *testing.T) {
 		t.Fatalf("waiter after Close: %v", err)
 	}
 	<-h.Done()
-	if !errors.Is(h.Err(), flock.ErrLockLost) || !errors.Is(h.Release(), lock.ErrLockLost) {
+	if !errors.Is(h.Err(), flock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) || !errors.Is(h.Release(), lock.ErrLockLost) {
 		t.Fatalf("holder after Close: %v", h.Err())
 	}
 	if _, err := f.Acquire(ctx, "d"); !errors.Is(err, lock.ErrClosed) {

@@ -76,14 +76,15 @@ func (h *Holder) Release() error {
 	return h.state.Err()
 }
 
-func (h *Holder) lose() {
+// lose closes h's files and ends it with err, which matches ErrLockLost.
+func (h *Holder) lose(err error) {
 	if !h.closeFiles() {
 		return
 	}
 	h.f.untrack(h)
 	dirwatch.Signal(h.dir, h.esc)
-	if h.state.Lose(ErrLockLost) {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: ErrLockLost})
+	if h.state.Lose(err) {
+		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }
 
@@ -154,7 +155,7 @@ func (f *Factory) verify() {
 	f.mu.Unlock()
 	for _, h := range held {
 		if !h.inPlace() {
-			h.lose()
+			h.lose(ErrLockLost)
 		}
 	}
 	f.mu.Lock()

@@ -134,8 +134,8 @@ func TestCloseFailsWaiters(t *testing.T) {
 	if err := <-errc; !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("waiter after Close: %v", err)
 	}
-	if !errors.Is(h.Err(), lock.ErrLockLost) {
-		t.Fatalf("holder after Close: %v", h.Err())
+	if !errors.Is(h.Err(), lock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
 	}
 	if _, err := f.Acquire(context.Background(), "d"); !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("Acquire after Close: %v", err)

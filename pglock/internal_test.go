@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/internal/testenv"
 )
 
@@ -172,5 +173,25 @@ func TestIdleListenerCloses(t *testing.T) {
 			t.Fatalf("%d connections of an idle factory still open 30s after its last wait (last queries: %s)", n, last)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A factory given no options uses the exported defaults, and WithSessions
+// accepts up to MaxSessions.
+func TestDefaults(t *testing.T) {
+	f := NewFactory(nil)
+	defer f.Close()
+	want := config{
+		schema: DefaultSchema, sessions: DefaultSessions, health: DefaultHealthInterval,
+		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
+		connectTimeout: DefaultConnectTimeout, appName: "pglock", idleClose: f.cfg.idleClose,
+	}
+	if f.cfg != want || len(f.sessions) != DefaultSessions {
+		t.Errorf("config without options = %+v (%d sessions), want %+v", f.cfg, len(f.sessions), want)
+	}
+	for n, ok := range map[int]bool{MaxSessions: true, MaxSessions + 1: false} {
+		if _, err := lock.Apply(lock.Options{}, WithSessions(n)); (err == nil) != ok {
+			t.Errorf("WithSessions(%d): option error %v", n, err)
+		}
 	}
 }

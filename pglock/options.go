@@ -16,6 +16,31 @@ import (
 // when passed to a single call.
 type Option = lock.Option
 
+// Defaults and limits of the factory options.
+const (
+	// DefaultSchema holds pglock's tables, sequence and functions when
+	// WithSchema is not given.
+	DefaultSchema = "public"
+	// DefaultSessions is the number of lock sessions (connections held
+	// by the factory) when WithSessions is not given; MaxSessions is the
+	// most it accepts.
+	DefaultSessions = 2
+	MaxSessions     = 64
+	// DefaultHealthInterval is how often an idle lock session is checked
+	// when WithHealthInterval is not given: about how long an ended
+	// session takes to be noticed.
+	DefaultHealthInterval = time.Second
+	// DefaultStatementTimeout bounds each use of a lock session when
+	// WithStatementTimeout is not given.
+	DefaultStatementTimeout = 5 * time.Second
+	// DefaultPollInterval is how often a waiting Acquire retries without
+	// a release notification when WithPollInterval is not given.
+	DefaultPollInterval = time.Second
+	// DefaultConnectTimeout bounds the wait for a pool connection when
+	// WithConnectTimeout is not given.
+	DefaultConnectTimeout = 5 * time.Second
+)
+
 // WithMaxConcurrent makes the name a semaphore of n permits (at most
 // MaxPermits), each an advisory lock of its own with its own token. The
 // limit is stored in the pglock_limits table; a caller that passes a different limit while the
@@ -60,7 +85,8 @@ type (
 )
 
 // WithSchema names the schema that holds pglock's table, sequence and
-// functions (created on first use). Default "public". Factory option.
+// functions (created on first use). Default DefaultSchema ("public").
+// Factory option.
 func WithSchema(schema string) Option {
 	if schema == "" {
 		return func(o *lock.Options) { o.Invalid(`pglock.WithSchema(""): empty schema`) }
@@ -73,11 +99,11 @@ func WithSchema(schema string) Option {
 // them, chosen by the name's key. Postgres makes every statement on a
 // session slower the more locks it holds (it walks them at each
 // transaction end), so a process that holds thousands of locks at once
-// trades connections for latency here. Default 2, at most 64. Factory
-// option.
+// trades connections for latency here. Default DefaultSessions (2), at
+// most MaxSessions (64). Factory option.
 func WithSessions(n int) Option {
-	if n < 1 || n > 64 {
-		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.WithSessions(%d): need 1 to 64", n)) }
+	if n < 1 || n > MaxSessions {
+		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.WithSessions(%d): need 1 to %d", n, MaxSessions)) }
 	}
 	return lock.WithValue(sessionsKey{}, n)
 }
@@ -85,27 +111,28 @@ func WithSessions(n int) Option {
 // WithHealthInterval sets how often an idle lock session is checked with a
 // query. A session that ended is noticed within this interval (plus the
 // statement timeout when the network is cut), and its holders lose their
-// locks. Default 1s. Factory option.
+// locks. Default DefaultHealthInterval (1s). Factory option.
 func WithHealthInterval(d time.Duration) Option {
 	return duration("WithHealthInterval", healthKey{}, d)
 }
 
 // WithStatementTimeout bounds each use of a lock session: one statement,
 // or the few of a rare slow path. A session that runs out is in an unknown
-// state, so it is closed and its holders lose their locks. Default 5s.
-// Factory option.
+// state, so it is closed and its holders lose their locks. Default
+// DefaultStatementTimeout (5s). Factory option.
 func WithStatementTimeout(d time.Duration) Option {
 	return duration("WithStatementTimeout", stmtTimeoutKey{}, d)
 }
 
 // WithPollInterval sets how often a waiting Acquire retries when no release
 // notification arrives, which catches locks freed by a session that ended.
-// Default 1s. Factory option.
+// Default DefaultPollInterval (1s). Factory option.
 func WithPollInterval(d time.Duration) Option { return duration("WithPollInterval", pollKey{}, d) }
 
 // WithConnectTimeout bounds the wait for a pool connection when the factory
 // opens a lock session or its listener, so an exhausted pool gives
-// ErrPoolExhausted instead of a hang. Default 5s. Factory option.
+// ErrPoolExhausted instead of a hang. Default DefaultConnectTimeout (5s).
+// Factory option.
 func WithConnectTimeout(d time.Duration) Option {
 	return duration("WithConnectTimeout", connectTimeoutKey{}, d)
 }
@@ -137,8 +164,9 @@ type config struct {
 
 func factoryConfig(o *lock.Options) config {
 	c := config{
-		schema: "public", sessions: 2, health: time.Second, stmtTimeout: 5 * time.Second,
-		poll: time.Second, connectTimeout: 5 * time.Second, idleClose: time.Minute,
+		schema: DefaultSchema, sessions: DefaultSessions, health: DefaultHealthInterval,
+		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
+		connectTimeout: DefaultConnectTimeout, idleClose: time.Minute,
 	}
 	if v, ok := o.Value(schemaKey{}).(string); ok {
 		c.schema = v

@@ -151,7 +151,7 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 		err = checkCall(&o)
 	}
 	if err == nil && pool == nil {
-		err = errors.New("pglock: NewFactory: nil *pgxpool.Pool")
+		err = fmt.Errorf("pglock: %w: nil *pgxpool.Pool", lock.ErrInvalidOption)
 	}
 	cfg := factoryConfig(&o)
 	if cfg.appName == "" {

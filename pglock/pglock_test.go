@@ -431,7 +431,7 @@ func TestBadInput(t *testing.T) {
 		if err == nil {
 			h.Release()
 			t.Errorf("%s: Acquire succeeded", tc.what)
-		} else if tc.what != "nil pool" && !errors.Is(err, lock.ErrInvalidOption) {
+		} else if !errors.Is(err, lock.ErrInvalidOption) {
 			t.Errorf("%s: %v; want ErrInvalidOption", tc.what, err)
 		}
 		tc.f.Close()
@@ -459,8 +459,8 @@ func TestCloseEndsHoldersAndWaiters(t *testing.T) {
 	}
 	f.Close()
 	<-h.Done()
-	if !errors.Is(h.Err(), pglock.ErrLockLost) {
-		t.Fatalf("holder after Close: %v", h.Err())
+	if !errors.Is(h.Err(), pglock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
+		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
 	}
 	if _, err := f.Acquire(ctxT(t), name); !errors.Is(err, lock.ErrClosed) {
 		t.Fatalf("Acquire after Close: %v", err)

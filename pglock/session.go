@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -310,7 +311,11 @@ func (s *session) failLocked(cause error) {
 	// Waiters re-mark the names they wait for on the next connection.
 	s.f.lis.broadcast()
 	if len(hs) > 0 {
-		backend.Log(&s.f.opts).Warn("pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
+		level := slog.LevelWarn
+		if errors.Is(cause, lock.ErrClosed) {
+			level = slog.LevelDebug // Close ended it, as asked
+		}
+		backend.Log(&s.f.opts).Log(context.Background(), level, "pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
 	}
 }
 

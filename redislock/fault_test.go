@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -489,5 +490,79 @@ func TestWaiterCancelLeavesNothing(t *testing.T) {
 	info, err := f.Inspect(ctxT(t), name)
 	if err != nil || len(info.Holders) != 0 {
 		t.Fatalf("after the cancelled wait and the release: %+v, %v; want nothing held", info, err)
+	}
+}
+
+// warnLines is a slog handler that counts the Warn (and higher) records
+// about one lock name.
+type warnLines struct {
+	name string
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnLines) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnLines) Handle(_ context.Context, r slog.Record) error {
+	if r.Level < slog.LevelWarn {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "name" && a.Value.String() == w.name {
+			w.mu.Lock()
+			w.msgs = append(w.msgs, fmt.Sprintf("%s %v", r.Message, r.Level))
+			w.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+func (w *warnLines) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnLines) WithGroup(string) slog.Handler      { return w }
+
+// A renewed lock that is lost is one Warn line, whether its renewals
+// failed until the lease ran out (the server is gone) or a renewal found
+// the key gone; a loss to Close is none.
+func TestRenewalLossIsOneWarn(t *testing.T) {
+	for _, how := range []string{"server killed", "key deleted", "closed"} {
+		t.Run(how, func(t *testing.T) {
+			srv := startServer(t)
+			// No retries: a renewal fails at once once the server is
+			// gone, and is retried by the renewal loop until the lease
+			// runs out.
+			rdb := redis.NewClient(&redis.Options{Addr: srv.addr(), MaxRetries: -1, DialerRetries: 1})
+			t.Cleanup(func() { rdb.Close() })
+			log := &warnLines{name: uniq(t, "x")}
+			f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(2*time.Second), WithLogger(slog.New(log)))
+			h, err := f.Acquire(ctxT(t), log.name, WithAutoRenew(true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch how {
+			case "server killed":
+				srv.kill()
+			case "key deleted":
+				if err := dial(t, srv.addr()).Del(ctxT(t), h.k.lock).Err(); err != nil {
+					t.Fatal(err)
+				}
+			case "closed":
+				f.Close()
+			}
+			select {
+			case <-h.Done():
+			case <-time.After(30 * time.Second):
+				t.Fatal("the loss was not noticed")
+			}
+			f.Close() // waits for the renewal goroutines: no line comes later
+			want := 1
+			if how == "closed" {
+				want = 0
+			}
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			t.Logf("loss: %v", h.Err())
+			if len(log.msgs) != want {
+				t.Errorf("%d Warn lines, want %d: %q (Err %v)", len(log.msgs), want, log.msgs, h.Err())
+			}
+		})
 	}
 }

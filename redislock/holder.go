@@ -34,7 +34,7 @@ type Holder struct {
 	auto     bool      // renewed by the factory's loop
 	tracked  bool      // in the loop's set: held as far as the holder knows
 	inflight bool      // a renewal is on its way
-	failing  bool      // the last renewal failed (reported once)
+	renewErr error     // the last renewal's failure (reported once), nil after a success
 	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
 	renewAt  time.Time // a renewal pass from this time on takes this holder along
 	renewBy  time.Time // the loop wakes up to renew it at this time
@@ -204,7 +204,16 @@ func (h *Holder) lose(err error) {
 func (h *Holder) expire() {
 	defer h.f.wg.Done()
 	h.dirty.Store(true)
-	h.lose(fmt.Errorf("%w: lease not confirmed within %v", ErrLockLost, h.ls.ttl-h.ls.margin))
+	h.f.rn.mu.Lock()
+	cause := h.renewErr
+	h.f.rn.mu.Unlock()
+	err := fmt.Errorf("%w: lease not confirmed within %v", ErrLockLost, h.ls.ttl-h.ls.margin)
+	if cause != nil {
+		// The renewal failures were logged at Debug: the loss's one line
+		// says why.
+		err = fmt.Errorf("%w: last renewal: %v", err, cause)
+	}
+	h.lose(err)
 	h.cleanup()
 }
 

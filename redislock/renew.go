@@ -364,13 +364,14 @@ func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch
 				// Try again soon; the deadline decides when to give up.
 				retry := min(max(h.ls.ttl/10, time.Millisecond), time.Second)
 				h.renewAt, h.renewBy = now.Add(retry), now.Add(retry)
-				if !h.failing { // report the first failure, not every retry
-					h.failing = true
+				err = fmt.Errorf("redislock: renew %q: %w", h.name, err)
+				if h.renewErr == nil { // report the first failure, not every retry
 					failed = append(failed, failure{h, err})
 				}
+				h.renewErr = err
 			}
 		case v == 1 && h.tracked:
-			h.failing = false
+			h.renewErr = nil
 			h.confirmLocked(sent)
 		case v == 1:
 			// Extended on the server after the holder gave the lock up.
@@ -386,8 +387,9 @@ func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch
 	r.poke()
 	r.mu.Unlock()
 	for _, x := range failed {
+		// Retried until the deadline; a loss gets its own line.
 		h := x.h
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: now.Sub(sent), Err: fmt.Errorf("redislock: renew %q: %w", h.name, x.err)})
+		backend.ReportRetried(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: now.Sub(sent), Err: x.err})
 	}
 	for _, h := range lost {
 		h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))
