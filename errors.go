@@ -26,12 +26,22 @@ var (
 )
 
 // WaitError is returned when an Acquire with WithWait gives up because its
-// context ended: while queued, during an attempt, or before the first one
-// (a context already done). It matches both the backend's ErrLocked and the context's
+// context ended while the name was held: while queued, or during an
+// attempt or before the first one (a context already done) if the backend
+// answers. It matches both the backend's ErrLocked and the context's
 // error (or cause), so either check works:
 //
 //	errors.Is(err, lock.ErrLocked)
 //	errors.Is(err, context.DeadlineExceeded)
+//
+// An outage is not contention: a waiting Acquire that ends because the
+// backend failed (an attempt's error, or, when the context ended before
+// any attempt could tell, a ping of the backend that fails) returns that
+// failure, saying "gave up waiting: <ctx cause>: <failure>" if the
+// context had ended; it matches the context's error and the failure, never
+// ErrLocked. The ping runs after the deadline for at most a second
+// (backend.ProbeTimeout), so a waiting Acquire on a backend that does not
+// answer returns within its deadline plus a second.
 type WaitError struct {
 	Locked error // the backend's ErrLocked
 	Cause  error // context.Cause of the Acquire context

@@ -91,8 +91,10 @@ func WithMaxConcurrent(n int) Option {
 
 // WithWait makes Acquire wait until the lock is free or its context ends,
 // instead of failing at once with ErrLocked. A wait that ends with its
-// context returns a *WaitError, which matches both ErrLocked and the
-// context's error.
+// context while the name is held returns a *WaitError, which matches both
+// ErrLocked and the context's error; one that ends because the backend
+// failed returns the failure, which does not match ErrLocked (see
+// WaitError).
 func WithWait() Option { return func(o *Options) { o.Wait = true } }
 
 // WithWaitTimeout makes Acquire wait, as WithWait does, but for at most

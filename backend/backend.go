@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -143,12 +144,39 @@ func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, 
 	return o, lock.ValidateName(name)
 }
 
-// endedBy reports whether err is ctx's ending, not yet said as a WaitError.
+// endedBy reports whether err is ctx's ending, not yet said as a WaitError
+// or a failed wait.
 func endedBy(ctx context.Context, err error) bool {
-	if ctx.Err() == nil || errors.Is(err, lock.ErrLocked) {
+	var fw *failedWait
+	if ctx.Err() == nil || errors.Is(err, lock.ErrLocked) || errors.As(err, &fw) {
 		return false
 	}
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Cause(ctx))
+}
+
+// ProbeTimeout bounds the probe of a wait whose ctx ended before any
+// attempt could tell whether the name was held (see Call.Probe): it is the
+// margin past its deadline a waiting Acquire may take to tell an outage
+// from contention.
+const ProbeTimeout = time.Second
+
+// failedWait is the error of a waiting Acquire that ended because the
+// backend failed: it matches the ctx's cause and the failure, never
+// lock.ErrLocked (unless the failure does).
+type failedWait struct{ cause, err error }
+
+func (e *failedWait) Error() string {
+	return "gave up waiting: " + e.cause.Error() + ": " + e.err.Error()
+}
+func (e *failedWait) Unwrap() []error { return []error{e.cause, e.err} }
+
+// failure returns err, the failure of an attempt, said as a wait that gave
+// up if ctx has ended.
+func failure(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	return &failedWait{cause: context.Cause(ctx), err: err}
 }
 
 // verbatim reports whether Escape keeps name as it is.
@@ -188,6 +216,11 @@ type Call struct {
 	Name    string    // the lock name
 	Locked  error     // the backend's ErrLocked, which a WaitError wraps
 	Start   time.Time // when the call began
+	// Probe, if set, asks the backend a question (a ping) that fails when
+	// it is down. Finish runs it, on a context of its own bounded by
+	// ProbeTimeout, when a wait's ctx ended before any attempt could tell
+	// whether the name was held. Backends that cannot fail leave it nil.
+	Probe func(ctx context.Context) error
 }
 
 // Finish ends a factory's Acquire: it applies the WaitError rule and
@@ -196,11 +229,13 @@ type Call struct {
 // error to give the caller.
 //
 // With WithWait, an error that comes from ctx ending — before the first
-// attempt, during one, or while queued — is returned as a lock.WaitError
-// on c.Locked, so that every backend answers a wait that gave up alike.
+// attempt, during one, or while a session, lease or watch is set up — and
+// is not yet said by Wait is a lock.WaitError on c.Locked if c.Probe
+// succeeds (or is nil), and a failed wait carrying the probe's error if
+// it fails: an outage never matches ErrLocked.
 func Finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wait time.Duration, err error) (H, error) {
 	if err != nil && o.Wait && endedBy(ctx, err) {
-		err = lock.NewWaitError(c.Locked, ctx)
+		err = gaveUp(ctx, c.Locked, c.Probe)
 	}
 	e := lock.Event{Backend: c.Backend, Op: lock.OpAcquire, Name: c.Name, Latency: time.Since(c.Start), Wait: wait, Err: err}
 	if err == nil {
@@ -208,4 +243,21 @@ func Finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wa
 	}
 	Report(ctx, o, e)
 	return h, err
+}
+
+// gaveUp is the error of a wait whose ctx ended before any attempt could
+// tell whether the name was held: probe decides between contention and
+// an outage.
+func gaveUp(ctx context.Context, locked error, probe func(context.Context) error) error {
+	if probe != nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ProbeTimeout)
+		defer cancel()
+		if err := probe(pctx); err != nil {
+			if pctx.Err() != nil {
+				err = fmt.Errorf("no answer within %v: %w", ProbeTimeout, err)
+			}
+			return failure(ctx, err)
+		}
+	}
+	return lock.NewWaitError(locked, ctx)
 }

@@ -103,25 +103,49 @@ func TestFinishReports(t *testing.T) {
 }
 
 // With WithWait, an error that is ctx's ending is a WaitError on the
-// backend's ErrLocked, whether the wait began or not; without it, or for
-// another error, the error is left as it is.
+// backend's ErrLocked, whether the wait began or not, when the probe
+// succeeds or there is none; when the probe fails it is that failure,
+// not ErrLocked. Without WithWait, or for another error, the error is
+// left as it is.
 func TestFinishWaitEndedByContext(t *testing.T) {
 	locked := fmt.Errorf("toy: %w", lock.ErrLocked)
+	down := errors.New("toy: connection refused")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	finish := func(wait bool, takeErr error) error {
-		_, err := backend.Finish(ctx, backend.Call{Backend: "toy", Name: "a", Locked: locked, Start: time.Now()}, &lock.Options{Wait: wait}, tokenHolder{}, 0, takeErr)
+	probed := 0
+	finish := func(wait bool, takeErr, probeErr error) error {
+		c := backend.Call{Backend: "toy", Name: "a", Locked: locked, Start: time.Now(), Probe: func(pctx context.Context) error {
+			if pctx.Err() != nil {
+				t.Error("probe ran on a context already done")
+			}
+			probed++
+			return probeErr
+		}}
+		_, err := backend.Finish(ctx, c, &lock.Options{Wait: wait}, tokenHolder{}, 0, takeErr)
 		return err
 	}
 	mid := fmt.Errorf("toy: acquire: %w", context.Canceled)
-	if err := finish(true, mid); !errors.Is(err, locked) || !errors.Is(err, context.Canceled) {
-		t.Errorf("wait cancelled mid-request: %v, want a WaitError", err)
+	if err := finish(true, mid, nil); !errors.Is(err, locked) || !errors.Is(err, context.Canceled) {
+		t.Errorf("wait cancelled mid-request, backend up: %v, want a WaitError", err)
 	}
-	if err := finish(false, mid); err != mid {
+	if err := finish(true, mid, down); errors.Is(err, lock.ErrLocked) || !errors.Is(err, down) || !errors.Is(err, context.Canceled) {
+		t.Errorf("wait cancelled mid-request, backend down: %v, want the probe's failure and ctx's error, not ErrLocked", err)
+	}
+	if probed != 2 {
+		t.Errorf("probed %d times, want 2", probed)
+	}
+	if err := finish(false, mid, down); err != mid {
 		t.Errorf("no wait: %v, want the error as it is", err)
 	}
-	if err := finish(true, lock.ErrClosed); err != lock.ErrClosed {
+	if err := finish(true, lock.ErrClosed, down); err != lock.ErrClosed {
 		t.Errorf("closed: %v, want the error as it is", err)
+	}
+	said := lock.NewWaitError(locked, ctx)
+	if err := finish(true, said, down); err != said {
+		t.Errorf("a WaitError already: %v, want it as it is", err)
+	}
+	if probed != 2 {
+		t.Errorf("probed %d times, want 2: only for a wait that ended with ctx", probed)
 	}
 }
 

@@ -48,8 +48,14 @@ type Waiting struct {
 // returns the holder, or on contention w.Locked and, when it knows, how
 // long until the lock may be free (0 when it does not), which caps the
 // next poll. Wait returns the holder or the error, and the time spent
-// waiting after the first contention. An error that ends a wait because
-// ctx ended is ctx's: Finish makes it a lock.WaitError.
+// waiting after the first contention.
+//
+// With w.Wait, a wait that ends with ctx while the last completed attempt
+// found the name held returns a lock.WaitError on w.Locked; an attempt
+// that fails other than by ctx's ending ends the wait with that failure
+// (said as a wait that gave up if ctx has ended), which never matches
+// lock.ErrLocked. When ctx ends before any attempt completed, Wait
+// returns ctx's error and Finish decides (see Call.Probe).
 func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duration, error)) (H, time.Duration, error) {
 	var (
 		zero  H
@@ -58,6 +64,7 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 		timer *time.Timer
 		poll  = w.MinPoll
 		skip  bool
+		held  bool // an attempt found the name held (any other outcome ends the wait)
 	)
 	waited := func() time.Duration {
 		if sub == nil {
@@ -71,11 +78,17 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 			timer.Stop()
 		}
 	}()
-	// failed returns err, or ctx's error when err came from the wait
-	// giving up (a request cut short by ctx).
+	// failed ends the wait with err, the failure of an attempt or of a
+	// subscription, or ctx's ending.
 	failed := func(err error) (H, time.Duration, error) {
-		if w.Wait && ctx.Err() != nil {
-			err = ctx.Err()
+		switch {
+		case !w.Wait || ctx.Err() == nil:
+		case held && (err == nil || endedBy(ctx, err)):
+			err = lock.NewWaitError(w.Locked, ctx)
+		case err == nil || endedBy(ctx, err):
+			err = ctx.Err() // nothing told: Finish probes
+		default:
+			err = failure(ctx, err)
 		}
 		return zero, waited(), err
 	}
@@ -107,7 +120,9 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 				return failed(err)
 			case !w.Wait:
 				return zero, 0, err
-			case sub == nil:
+			}
+			held = true
+			if sub == nil {
 				if err := subscribe(); err != nil {
 					return failed(err)
 				}
@@ -127,7 +142,7 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 		case <-timer.C:
 			poll = min(2*poll, w.MaxPoll)
 		case <-ctx.Done():
-			return zero, waited(), ctx.Err()
+			return failed(nil)
 		case <-w.Closed:
 			return zero, waited(), lock.ErrClosed
 		}

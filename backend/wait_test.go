@@ -94,8 +94,9 @@ func TestWaitEndsWithContextAndClose(t *testing.T) {
 	l := newToyLock()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, _, err := backend.Wait(ctx, l.waiting(true), l.attempt); err != context.Canceled || !l.sub.closed {
-		t.Fatalf("cancelled wait: %v (subscription closed %v), want context.Canceled", err, l.sub.closed)
+	// The attempts found the name held: the wait gave up on contention.
+	if _, _, err := backend.Wait(ctx, l.waiting(true), l.attempt); !errors.Is(err, lock.ErrLocked) || !errors.Is(err, context.Canceled) || !l.sub.closed {
+		t.Fatalf("cancelled wait: %v (subscription closed %v), want a WaitError", err, l.sub.closed)
 	}
 	l = newToyLock()
 	w := l.waiting(true)
@@ -107,24 +108,45 @@ func TestWaitEndsWithContextAndClose(t *testing.T) {
 	}
 }
 
-// An attempt that fails while ctx is done failed because the wait gave
-// up: Wait says so with ctx's error, which Finish makes a WaitError.
+// With WithWait and ctx done, an attempt's failure is a wait that gave up
+// on contention only if the last completed attempt found the name held and
+// the failure is ctx's; a backend's failure is returned, matching ctx's
+// error and the failure but not ErrLocked; and an attempt cut short before
+// any told leaves ctx's error for Finish to decide.
 func TestWaitFailedAttemptAfterContextEnds(t *testing.T) {
-	l := newToyLock()
-	ctx, cancel := context.WithCancel(context.Background())
 	broken := errors.New("connection reset")
-	attempt := func() (int, time.Duration, error) {
-		if l.attempts++; l.attempts == 1 {
-			return 0, 0, lock.ErrLocked
+	for _, tc := range []struct {
+		what         string
+		first, then  error // the first attempt's error, and the next one's, returned after cancel
+		locked, same bool  // want ErrLocked; want exactly context.Canceled
+	}{
+		{"held, then cut short", lock.ErrLocked, context.Canceled, true, false},
+		{"held, then broken", lock.ErrLocked, broken, false, false},
+		{"broken after cancel", nil, broken, false, false},
+		{"cut short before any told", nil, context.Canceled, false, true},
+	} {
+		l := newToyLock()
+		ctx, cancel := context.WithCancel(context.Background())
+		attempt := func() (int, time.Duration, error) {
+			if l.attempts++; l.attempts == 1 && tc.first != nil {
+				return 0, 0, tc.first
+			}
+			cancel()
+			return 0, 0, tc.then
 		}
-		cancel()
-		return 0, 0, broken
+		_, _, err := backend.Wait(ctx, l.waiting(true), attempt)
+		if errors.Is(err, lock.ErrLocked) != tc.locked || !errors.Is(err, context.Canceled) || (err == context.Canceled) != tc.same {
+			t.Errorf("%s: %v; want ErrLocked %v, context.Canceled, bare %v", tc.what, err, tc.locked, tc.same)
+		}
+		if tc.then == broken && !errors.Is(err, broken) {
+			t.Errorf("%s: %v; want it to carry the attempt's failure", tc.what, err)
+		}
 	}
-	if _, _, err := backend.Wait(ctx, l.waiting(true), attempt); err != context.Canceled {
-		t.Fatalf("%v, want context.Canceled", err)
-	}
-	if _, _, err := backend.Wait(context.Background(), l.waiting(false), func() (int, time.Duration, error) { return 0, 0, broken }); err != broken {
+	if _, _, err := backend.Wait(context.Background(), newToyLock().waiting(false), func() (int, time.Duration, error) { return 0, 0, broken }); err != broken {
 		t.Fatalf("%v, want the attempt's error", err)
+	}
+	if _, _, err := backend.Wait(context.Background(), newToyLock().waiting(true), func() (int, time.Duration, error) { return 0, 0, broken }); err != broken {
+		t.Fatalf("waiting, ctx live: %v, want the attempt's error", err)
 	}
 }
 

@@ -129,7 +129,14 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 	if err == nil {
 		h, wait, err = f.take(ctx, name, &o)
 	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: func(ctx context.Context) error {
+		// A read of the name's keys (which the caller may read): it fails
+		// when etcd does not answer.
+		if _, err := f.cli.Get(ctx, prefixOf(&o)+backend.Escape(name)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+			return fmt.Errorf("etcdlock: %w", err)
+		}
+		return nil
+	}}, &o, h, wait, err)
 }
 
 // WithLock runs fn while holding name; see lock.WithLock.
@@ -247,18 +254,15 @@ func (f *Factory) mismatch(q *queue, held int) error {
 // new key.
 var errRequeue = errors.New("etcdlock: queue entry vanished")
 
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (_ *Holder, _ time.Duration, err error) {
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
 	q := newQueue(name, o)
-	defer func() {
-		// A wait that ends with ctx — mid-request, or while the lease or
-		// the watch is set up — gave up waiting: say so, as every backend does.
-		if err != nil && q.wait && ctx.Err() != nil && !errors.Is(err, lock.ErrLocked) {
-			err = lock.NewWaitError(ErrLocked, ctx)
-		}
-	}()
+	// A wait whose ctx ends mid-request, or while the lease or the watch
+	// is set up, returns ctx's error: Finish tells, by its probe, a wait
+	// that gave up from an outage. One that ends while queued behind
+	// holders is a WaitError here.
 	var waitStart time.Time
 	waited := func() time.Duration {
 		if waitStart.IsZero() {
@@ -280,10 +284,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (_ *Ho
 		f.unrefSession(s)
 		if errors.Is(err, errRequeue) {
 			if err := ctx.Err(); err != nil {
-				if q.wait {
-					err = lock.NewWaitError(ErrLocked, ctx)
-				}
-				return nil, waited(), err
+				return nil, waited(), err // Finish probes: the lease may have ended with etcd
 			}
 			continue
 		}
@@ -444,10 +445,10 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 			g, err := f.cli.Get(ctx, q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 			if err != nil {
 				f.abandon(w, s, c, rev)
-				if ctx.Err() != nil {
+				if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 					return nil, lock.NewWaitError(ErrLocked, ctx)
 				}
-				return nil, err
+				return nil, err // a failure, not contention
 			}
 			base = g.Header.Revision
 			clear(ahead)

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/etcdlock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 )
 
@@ -32,6 +34,14 @@ func TestConformance(t *testing.T) {
 		// minimum lease is 2s.
 		TTL:       2 * time.Second,
 		Inspector: func(t testing.TB) lock.Inspector { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{testenv.ClosedAddr(t)}, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cli.Close() })
+			return factory(t, cli, etcdlock.WithKeyPrefix(prefix)).AsLocker(opts...)
+		},
 		Lose: func(t testing.TB, h lock.Holder) {
 			// An operator deletes the key.
 			if _, err := operator.Delete(context.Background(), h.(*etcdlock.Holder).Key()); err != nil {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Backend describes the backend under test and the capabilities it claims;
@@ -51,6 +52,10 @@ type Backend struct {
 	// LossBound is how long the backend may take to notice a loss caused
 	// by Lose. Default 10s.
 	LossBound time.Duration
+	// Broken, if set, returns a locker like New's whose server cannot be
+	// reached (a client of a closed port), for the outage test. Backends
+	// that have no server to lose leave it nil.
+	Broken func(t testing.TB, opts ...lock.Option) lock.Locker
 	// Workers and Rounds size the mutual exclusion test. Defaults 8 and 25.
 	Workers, Rounds int
 }
@@ -86,6 +91,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("WaitTimeout", s.waitTimeout)
 	t.Run("WithWaitTimeout", s.withWaitTimeout)
 	t.Run("WaitCancelMany", s.waitCancelMany)
+	t.Run("Outage", s.outage)
 	t.Run("Semaphore", s.semaphore)
 	t.Run("SemaphoreExclusion", s.semaphoreExclusion)
 	t.Run("LimitMismatch", s.limitMismatch)
@@ -509,6 +515,47 @@ func (s *suite) wait(t *testing.T) {
 		t.Fatalf("waiter's token %d not above the previous holder's %d", r.h.Token(), h.Token())
 	}
 	s.mustRelease(t, r.h)
+}
+
+// outage: an Acquire on a backend that cannot be reached fails with an
+// error that does not match ErrLocked, waiting or not, and a waiting one
+// returns within its deadline plus backend.ProbeTimeout. The bound
+// checked is that plus 5s, a guard against a hang, not a timing target.
+func (s *suite) outage(t *testing.T) {
+	if s.Broken == nil {
+		t.Skip("backend has no Broken hook")
+	}
+	name := s.name(t, "x")
+	type call struct {
+		what string
+		d    time.Duration
+		opts []lock.Option
+	}
+	calls := []call{{"no wait", 300 * time.Millisecond, nil}}
+	if s.Wait {
+		calls = append(calls, call{"WithWait", 300 * time.Millisecond, []lock.Option{lock.WithWait()}},
+			call{"WithWait, ctx already done", 0, []lock.Option{lock.WithWait()}})
+	}
+	for _, c := range calls {
+		l := s.Broken(t, c.opts...)
+		ctx, cancel := context.WithTimeout(context.Background(), c.d)
+		start := time.Now()
+		h, err := l.Acquire(ctx, name)
+		took := time.Since(start)
+		cancel()
+		if err == nil {
+			h.Release()
+			t.Errorf("%s: Acquire on a backend that cannot be reached succeeded", c.what)
+			continue
+		}
+		if errors.Is(err, lock.ErrLocked) || errors.Is(err, s.ErrLocked) {
+			t.Errorf("%s: Acquire on a backend that cannot be reached = %v; it matches ErrLocked, as if the name were held", c.what, err)
+		}
+		if bound := c.d + backend.ProbeTimeout + 5*time.Second; took > bound {
+			t.Errorf("%s: Acquire with a deadline of %v returned after %v", c.what, c.d, took)
+		}
+		t.Logf("%s, deadline %v: %v after %v", c.what, c.d, err, took)
+	}
 }
 
 func (s *suite) waitTimeout(t *testing.T) {

@@ -1,11 +1,15 @@
 package pglock_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"github.com/ubgo/lock/pglock"
 )
@@ -31,6 +35,15 @@ func TestConformance(t *testing.T) {
 		Wait:        true,
 		Semaphore:   true,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
+		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.ClosedAddr(t)+"/test?sslmode=disable")
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := pglock.NewFactory(pool, pglock.WithLogger(nil))
+			t.Cleanup(func() { f.Close(); pool.Close() })
+			return f.AsLocker(opts...)
+		},
 		Lose: func(t testing.TB, h lock.Holder) {
 			terminate(t, pool, h.(*pglock.Holder).BackendPID())
 		},

@@ -188,7 +188,15 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 	if err == nil {
 		h, wait, err = f.take(ctx, name, &o)
 	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, h, wait, err)
+}
+
+// probe fails when Postgres does not answer.
+func (f *Factory) probe(ctx context.Context) error {
+	if err := f.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("pglock: %w", err)
+	}
+	return nil
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. fn's context is

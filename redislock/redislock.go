@@ -252,7 +252,16 @@ func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []O
 	if err == nil {
 		h, wait, err = f.take(ctx, name, &o, o.Renew(renew))
 	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
+	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, h, wait, err)
+}
+
+// probe fails when Redis does not answer (the Client interface has no
+// PING; SCRIPT EXISTS is as cheap).
+func (f *Factory) probe(ctx context.Context) error {
+	if err := f.c.ScriptExists(ctx, mutexAcquire.Hash()).Err(); err != nil {
+		return fmt.Errorf("redislock: %w", err)
+	}
+	return nil
 }
 
 // attempt is the outcome of one run of the acquire script.

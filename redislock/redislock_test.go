@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 )
 
@@ -41,6 +42,12 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 		Extend:      true,
 		TTL:         time.Second,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
+		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			c := redis.NewClient(&redis.Options{Addr: testenv.ClosedAddr(t)})
+			f := NewFactory(c, WithKeyPrefix(testPrefix), WithLogger(nil))
+			t.Cleanup(func() { f.Close(); c.Close() })
+			return f.AsLocker(opts...)
+		},
 		Lose: func(t testing.TB, h lock.Holder) {
 			if err := a.Del(context.Background(), h.(*Holder).k.lock).Err(); err != nil {
 				t.Errorf("deleting the lock key: %v", err)

@@ -4,6 +4,7 @@
 package testenv
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -80,4 +81,17 @@ func Command(t testing.TB, role, test string, env ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
 	cmd.Env = append(append(os.Environ(), ChildEnv+"="+role), env...)
 	return cmd
+}
+
+// ClosedAddr returns a loopback host:port nothing listens on (it was free a
+// moment ago), for a client of a server that is down.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
