@@ -210,6 +210,24 @@ func CheckStore(ctx context.Context, storeErr error, key string) error {
 	return lock.ValidateName(key)
 }
 
+// Take runs the rest of a factory's Acquire once its options are resolved
+// (err is Resolve's error; take is not run when it is set): take, on a
+// context bounded by o.WaitTimeout when set (lock.WithWaitTimeout; the
+// holder does not depend on it), then Finish.
+func Take[H lock.Holder](ctx context.Context, c Call, o *lock.Options, err error, take func(ctx context.Context) (H, time.Duration, error)) (H, error) {
+	if o.WaitTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.WaitTimeout)
+		defer cancel()
+	}
+	var h H
+	var wait time.Duration
+	if err == nil {
+		h, wait, err = take(ctx)
+	}
+	return Finish(ctx, c, o, h, wait, err)
+}
+
 // A Call names one Acquire for Finish.
 type Call struct {
 	Backend string    // the backend's name, for the event

@@ -199,3 +199,28 @@ func TestReportRetried(t *testing.T) {
 		t.Errorf("logged at %v, observed %+v; want one Debug line and one error event", h.got, got)
 	}
 }
+
+// Take runs take on a context bounded by WithWaitTimeout, not at all after
+// a resolve error, and finishes either way.
+func TestTake(t *testing.T) {
+	var events int
+	o := &lock.Options{WaitTimeout: time.Hour, Observer: lock.ObserverFunc(func(context.Context, lock.Event) { events++ })}
+	c := backend.Call{Backend: "toy", Name: "a", Locked: lock.ErrLocked, Start: time.Now()}
+	_, err := backend.Take(context.Background(), c, o, nil, func(ctx context.Context) (tokenHolder, time.Duration, error) {
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("take's context has no deadline with WaitTimeout set")
+		}
+		return tokenHolder{}, 0, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := errors.New("bad option")
+	_, err = backend.Take(context.Background(), c, &lock.Options{}, bad, func(ctx context.Context) (tokenHolder, time.Duration, error) {
+		t.Error("take ran after a resolve error")
+		return tokenHolder{}, 0, nil
+	})
+	if err != bad || events != 1 {
+		t.Fatalf("Take after a resolve error = %v (%d events from the first call, want 1)", err, events)
+	}
+}

@@ -122,21 +122,17 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
-	ctx, cancel := backend.WaitContext(ctx, &o)
-	defer cancel()
-	var h *Holder
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = f.take(ctx, name, &o)
-	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: func(ctx context.Context) error {
-		// A read of the name's keys (which the caller may read): it fails
-		// when etcd does not answer.
+	// A read of the name's keys (which the caller may read): it fails when
+	// etcd does not answer.
+	probe := func(ctx context.Context) error {
 		if _, err := f.cli.Get(ctx, prefixOf(&o)+backend.Escape(name)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
 			return fmt.Errorf("etcdlock: %w", err)
 		}
 		return nil
-	}}, &o, h, wait, err)
+	}
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o)
+	})
 }
 
 // WithLock runs fn while holding name; see lock.WithLock.

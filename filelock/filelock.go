@@ -142,14 +142,9 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, validate)
-	ctx, cancel := backend.WaitContext(ctx, &o)
-	defer cancel()
-	var h *Holder
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = f.take(ctx, name, &o, o.Renew(renew))
-	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o, o.Renew(renew))
+	})
 }
 
 // dir returns the absolute lock directory of o, creating it on first use.

@@ -192,14 +192,9 @@ func checkPermits(o *lock.Options) error {
 func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
-	ctx, cancel := backend.WaitContext(ctx, &o)
-	defer cancel()
-	var h *Holder
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = f.take(ctx, name, &o)
-	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, h, wait, err)
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o)
+	})
 }
 
 // take makes attempts until one gets the lock, in backend.Wait. The

@@ -181,14 +181,9 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
 	o, err := backend.Resolve(f.opts, f.err, name, opts, checkCall)
-	ctx, cancel := backend.WaitContext(ctx, &o)
-	defer cancel()
-	var h *Holder
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = f.take(ctx, name, &o)
-	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, h, wait, err)
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o)
+	})
 }
 
 // probe fails when Postgres does not answer.

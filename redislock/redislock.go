@@ -245,14 +245,9 @@ func (f *Factory) leaseOf(o *lock.Options) lease {
 func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
 	o, err := f.resolve(name, opts)
-	ctx, cancel := backend.WaitContext(ctx, &o)
-	defer cancel()
-	var h *Holder
-	var wait time.Duration
-	if err == nil {
-		h, wait, err = f.take(ctx, name, &o, o.Renew(renew))
-	}
-	return backend.Finish(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, h, wait, err)
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o, o.Renew(renew))
+	})
 }
 
 // probe fails when Redis does not answer (the Client interface has no
