@@ -12,11 +12,12 @@ import (
 // the same work at the same time, but a replica that starts after the first
 // one finished and released finds the lock free, and would run it again.
 //
-// Done reports whether key was recorded. MarkDone records key as done by
+// IsDone reports whether key was recorded. MarkDone records key as done by
 // the holder of token, atomically and idempotently: the first record wins,
 // and recording a key already recorded changes nothing and returns nil.
-// Both fail only when the store does; a false from Done must mean "not
-// recorded", never "could not tell".
+// Both fail only when the store does; a false from IsDone must mean "not
+// recorded", never "could not tell". (IsDone, not Done: a Holder's Done is
+// the channel of its end.)
 //
 // Each method is one atomic operation in a durable store, for example in
 // Postgres:
@@ -28,7 +29,7 @@ import (
 // and in Redis EXISTS and SET key token NX (with PX for keys of periods
 // that may be forgotten). An operator re-runs a key by deleting its record.
 type Ledger interface {
-	Done(ctx context.Context, key string) (bool, error)
+	IsDone(ctx context.Context, key string) (bool, error)
 	MarkDone(ctx context.Context, key string, token uint64) error
 }
 
@@ -43,8 +44,8 @@ type MemoryLedger struct {
 // NewMemoryLedger returns an empty ledger.
 func NewMemoryLedger() *MemoryLedger { return &MemoryLedger{done: map[string]uint64{}} }
 
-// Done reports whether key was recorded.
-func (l *MemoryLedger) Done(ctx context.Context, key string) (bool, error) {
+// IsDone reports whether key was recorded.
+func (l *MemoryLedger) IsDone(ctx context.Context, key string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -120,7 +121,7 @@ func RunOnce(ctx context.Context, l Locker, led Ledger, key string, fn func(ctx 
 	if err := ValidateName(key); err != nil {
 		return false, err
 	}
-	if done, err := led.Done(ctx, key); err != nil || done {
+	if done, err := led.IsDone(ctx, key); err != nil || done {
 		return false, ledgerError(err)
 	}
 	h, err := l.Acquire(ctx, key)
@@ -128,7 +129,7 @@ func RunOnce(ctx context.Context, l Locker, led Ledger, key string, fn func(ctx 
 		return false, err
 	}
 	defer releaseInto(h, &err)
-	if done, err := led.Done(ctx, key); err != nil || done {
+	if done, err := led.IsDone(ctx, key); err != nil || done {
 		return false, ledgerError(err)
 	}
 	hctx, stop := heldContext(ctx, h)

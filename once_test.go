@@ -40,7 +40,7 @@ func TestRunOnceLateReplica(t *testing.T) {
 	}
 }
 
-// hookLedger calls hook after its first Done and then returns that Done's
+// hookLedger calls hook after its first IsDone and then returns that IsDone's
 // (by then stale) answer, to force a replica through the window between the
 // first ledger check and Acquire.
 type hookLedger struct {
@@ -49,8 +49,8 @@ type hookLedger struct {
 	hook func()
 }
 
-func (l *hookLedger) Done(ctx context.Context, key string) (bool, error) {
-	done, err := l.Ledger.Done(ctx, key)
+func (l *hookLedger) IsDone(ctx context.Context, key string) (bool, error) {
+	done, err := l.Ledger.IsDone(ctx, key)
 	l.once.Do(l.hook)
 	return done, err
 }
@@ -195,13 +195,13 @@ func second(_ bool, err error) error { return err }
 
 type failingLedger struct{ done, mark error }
 
-func (l failingLedger) Done(context.Context, string) (bool, error)     { return false, l.done }
+func (l failingLedger) IsDone(context.Context, string) (bool, error)   { return false, l.done }
 func (l failingLedger) MarkDone(context.Context, string, uint64) error { return l.mark }
 
 func TestMemoryLedgerFirstRecordWins(t *testing.T) {
 	ctx := context.Background()
 	led := lock.NewMemoryLedger()
-	if done, _ := led.Done(ctx, "k"); done {
+	if done, _ := led.IsDone(ctx, "k"); done {
 		t.Fatal("empty ledger says done")
 	}
 	led.MarkDone(ctx, "k", 4)
@@ -213,7 +213,7 @@ func TestMemoryLedgerFirstRecordWins(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := led.Done(cctx, "k"); !errors.Is(err, context.Canceled) {
+	if _, err := led.IsDone(cctx, "k"); !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
 	if err := led.MarkDone(cctx, "x", 1); !errors.Is(err, context.Canceled) {

@@ -25,53 +25,53 @@ import (
 // Records are plain keys without a lease, on purpose: a fence must not
 // forget. They are as durable as the cluster's data; an operator never
 // lowers one by hand.
-type Fence struct {
-	cli    *clientv3.Client
-	prefix string
-	err    error
-}
+type Fence struct{ st *store }
+
+// Ledger is a lock.Ledger kept in etcd: one key per recorded key,
+// <prefix>.done/<escaped key>, whose value is the token of the holder that
+// recorded it. MarkDone is one Txn, If(CreateRevision(k) = 0) Then(Put(k)),
+// so the first record wins; IsDone is a count-only Get. Records have no
+// lease; an operator re-runs a key's work by deleting its record
+// (etcdctl del).
+type Ledger struct{ st *store }
 
 // NewFence returns a fence on cli. Of the options only WithKeyPrefix matters
 // (default DefaultKeyPrefix); the others are accepted and ignored, so a
 // factory's options can be passed as they are. A nil client or an invalid
 // option is reported by the first call. The fence does not close cli.
 func NewFence(cli *clientv3.Client, opts ...Option) *Fence {
-	prefix, err := storeConfig(cli, opts)
-	return &Fence{cli: cli, prefix: prefix, err: err}
-}
-
-// Ledger is a lock.Ledger kept in etcd: one key per recorded key,
-// <prefix>.done/<escaped key>, whose value is the token of the holder that
-// recorded it. MarkDone is one Txn, If(CreateRevision(k) = 0) Then(Put(k)),
-// so the first record wins; Done is a count-only Get. Records have no
-// lease; an operator re-runs a key's work by deleting its record
-// (etcdctl del).
-type Ledger struct {
-	cli    *clientv3.Client
-	prefix string
-	err    error
+	return &Fence{st: newStore(cli, ".fence/", opts)}
 }
 
 // NewLedger returns a ledger on cli, configured like NewFence.
 func NewLedger(cli *clientv3.Client, opts ...Option) *Ledger {
-	prefix, err := storeConfig(cli, opts)
-	return &Ledger{cli: cli, prefix: prefix, err: err}
+	return &Ledger{st: newStore(cli, ".done/", opts)}
 }
 
-func storeConfig(cli *clientv3.Client, opts []Option) (string, error) {
+// store is the client and key directory of a Fence or Ledger.
+type store struct {
+	cli *clientv3.Client
+	err error
+	dir string // <prefix>.fence/ or <prefix>.done/
+}
+
+func newStore(cli *clientv3.Client, sub string, opts []Option) *store {
 	o, err := lock.Apply(lock.Options{}, opts...)
 	if cli == nil {
 		err = errors.Join(err, fmt.Errorf("etcdlock: %w: nil *clientv3.Client", lock.ErrInvalidOption))
 	}
-	return prefixOf(&o), err
+	return &store{cli: cli, err: err, dir: prefixOf(&o) + sub}
 }
+
+// key is the etcd key of key's record.
+func (s *store) key(key string) string { return s.dir + backend.Escape(key) }
 
 // Key returns the etcd key that holds key's fence record, for a Txn of your
 // own (see Apply) or for operators.
-func (f *Fence) Key(key string) string { return f.prefix + ".fence/" + backend.Escape(key) }
+func (f *Fence) Key(key string) string { return f.st.key(key) }
 
 // Key returns the etcd key that holds key's ledger record.
-func (l *Ledger) Key(key string) string { return l.prefix + ".done/" + backend.Escape(key) }
+func (l *Ledger) Key(key string) string { return l.st.key(key) }
 
 // fenceValue is token as stored: 20 digits hold every uint64, and values of
 // equal length compare bytewise in numeric order.
@@ -92,14 +92,14 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 //
 //	err := fence.Apply(ctx, "exports/today", h.Token(), clientv3.OpPut("exports/today", data))
 func (f *Fence) Apply(ctx context.Context, key string, token uint64, ops ...clientv3.Op) error {
-	if err := backend.CheckStore(ctx, f.err, key); err != nil {
+	if err := backend.CheckStore(ctx, f.st.err, key); err != nil {
 		return err
 	}
 	if token == 0 {
 		return fmt.Errorf("etcdlock: %w: %q: token 0 is never issued to a holder", lock.ErrStaleToken, key)
 	}
 	k, v := f.Key(key), fenceValue(token)
-	resp, err := f.cli.Txn(ctx).
+	resp, err := f.st.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(k), ">", v)).
 		Then(clientv3.OpGet(k)).
 		Else(append([]clientv3.Op{clientv3.OpPut(k, v)}, ops...)...).
@@ -117,12 +117,12 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, ops ...clie
 	return fmt.Errorf("etcdlock: %w: %q: token %d is below %s", lock.ErrStaleToken, key, token, cur)
 }
 
-// Done reports whether key is recorded.
-func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
-	if err := backend.CheckStore(ctx, l.err, key); err != nil {
+// IsDone reports whether key is recorded.
+func (l *Ledger) IsDone(ctx context.Context, key string) (bool, error) {
+	if err := backend.CheckStore(ctx, l.st.err, key); err != nil {
 		return false, err
 	}
-	resp, err := l.cli.Get(ctx, l.Key(key), clientv3.WithCountOnly())
+	resp, err := l.st.cli.Get(ctx, l.Key(key), clientv3.WithCountOnly())
 	if err != nil {
 		return false, fmt.Errorf("etcdlock: ledger: %w", err)
 	}
@@ -132,11 +132,11 @@ func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
 // MarkDone records key as done by token, unless it already is: the first
 // record wins and a repeated call changes nothing.
 func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
-	if err := backend.CheckStore(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.st.err, key); err != nil {
 		return err
 	}
 	k := l.Key(key)
-	_, err := l.cli.Txn(ctx).
+	_, err := l.st.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, fmt.Sprint(token))).
 		Commit()

@@ -82,7 +82,7 @@ func TestFenceAndLedgerKeys(t *testing.T) {
 	if _, err := cli.Delete(ctx, l.Key("x")); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := l.Done(ctx, "x"); done || err != nil {
+	if done, err := l.IsDone(ctx, "x"); done || err != nil {
 		t.Fatalf("after delete: done %v err %v", done, err)
 	}
 	if k := etcdlock.NewFence(cli).Key("a/b"); k != etcdlock.DefaultKeyPrefix+".fence/a%2Fb" {
@@ -122,7 +122,7 @@ func TestFenceAndLedgerBadInput(t *testing.T) {
 		t.Errorf("empty key: %v", err)
 	}
 	l := etcdlock.NewLedger(nil)
-	if done, err := l.Done(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
+	if done, err := l.IsDone(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
 		t.Errorf("nil client Done: %v %v", done, err)
 	}
 	if err := l.MarkDone(ctx, "k", 1); !errors.Is(err, lock.ErrInvalidOption) {

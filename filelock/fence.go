@@ -3,6 +3,7 @@
 package filelock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,60 +31,53 @@ import (
 // A record that fails its CRC (a torn write after a crash, a hand edit) is
 // not guessed at: calls for that key fail with an error until an operator
 // restores it. A fence that forgot would let a stale writer in.
-type Fence struct {
-	dir string // <dir>/fence, absolute
-	err error
-}
+type Fence struct{ st *store }
 
 // Ledger is a lock.Ledger kept in files: one file per recorded key,
 // <dir>/done/<escaped key>.done, whose existence is the record (its content,
 // key, token and time, is for operators). MarkDone writes and fsyncs a
 // temporary file, link(2)s it to the record's name — which fails if the
-// record exists, so the first one wins — and fsyncs the directory. Done is
-// a stat. An operator re-runs a key's work by deleting its file.
-type Ledger struct {
-	dir string // <dir>/done, absolute
-	err error
-}
+// record exists, so the first one wins — and fsyncs the directory. IsDone
+// is a stat. An operator re-runs a key's work by deleting its file.
+type Ledger struct{ st *store }
 
 // NewFence returns a fence under the directory of WithDir (default
 // DefaultDir(), the locks' default), created on first use. Other options
 // are accepted and ignored, so a factory's options can be passed as they
 // are. An invalid option is reported by the first call.
 func NewFence(opts ...Option) *Fence {
-	dir, err := storeDir("fence", opts)
-	return &Fence{dir: dir, err: err}
+	return &Fence{st: newStore("fence", opts)}
 }
 
 // NewLedger returns a ledger under the directory of WithDir, like NewFence.
 func NewLedger(opts ...Option) *Ledger {
-	dir, err := storeDir("done", opts)
-	return &Ledger{dir: dir, err: err}
+	return &Ledger{st: newStore("done", opts)}
 }
 
-// storeDir is <dir>/sub. A subdirectory cannot meet a lock's files, whose
-// names all contain a '.'.
-func storeDir(sub string, opts []Option) (string, error) {
+// store is the directory of a Fence or Ledger: <dir>/sub. A subdirectory
+// cannot meet a lock's files, whose names all contain a '.'.
+type store struct {
+	dir string // <dir>/fence or <dir>/done, absolute
+	err error
+}
+
+func newStore(sub string, opts []Option) *store {
 	o, err := lock.Apply(lock.Options{}, opts...)
 	if err != nil {
-		return "", err
+		return &store{err: err}
 	}
-	d := o.Dir
-	if d == "" {
-		d = DefaultDir()
-	}
-	abs, err := filepath.Abs(d)
+	abs, err := filepath.Abs(cmp.Or(o.Dir, DefaultDir()))
 	if err != nil {
-		return "", fmt.Errorf("filelock: directory: %w", err)
+		return &store{err: fmt.Errorf("filelock: directory: %w", err)}
 	}
-	return filepath.Join(abs, sub), nil
+	return &store{dir: filepath.Join(abs, sub)}
 }
 
 // Path returns the file that holds key's fence record.
-func (f *Fence) Path(key string) string { return counterPath(f.dir, backend.Escape(key)) }
+func (f *Fence) Path(key string) string { return counterPath(f.st.dir, backend.Escape(key)) }
 
 // Path returns the file that is key's ledger record.
-func (l *Ledger) Path(key string) string { return l.dir + "/" + backend.Escape(key) + ".done" }
+func (l *Ledger) Path(key string) string { return l.st.dir + "/" + backend.Escape(key) + ".done" }
 
 // RejectIfStale records token as the highest for key, or returns an error
 // matching lock.ErrStaleToken, recording nothing, if a higher token is
@@ -99,17 +93,17 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 // it was a real holder's, so every lower token is stale anyway. write
 // should be short; other writers of key wait for it.
 func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func() error) error {
-	if err := backend.CheckStore(ctx, f.err, key); err != nil {
+	if err := backend.CheckStore(ctx, f.st.err, key); err != nil {
 		return err
 	}
 	if token == 0 {
 		return fmt.Errorf("filelock: %w: %q: token 0 is never issued to a holder", lock.ErrStaleToken, key)
 	}
-	if err := ensureDir(f.dir); err != nil {
+	if err := ensureDir(f.st.dir); err != nil {
 		return err
 	}
 	esc := backend.Escape(key)
-	g, err := lockGuard(ctx, f.dir, esc)
+	g, err := lockGuard(ctx, f.st.dir, esc)
 	if err != nil {
 		return err
 	}
@@ -123,7 +117,7 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func(
 	if !fresh {
 		c := readCounter(g.fd)
 		if !c.valid {
-			return fmt.Errorf("filelock: fence record %s is corrupt: restore it (token=<at least the highest token ever used>) or remove it knowingly", counterPath(f.dir, esc))
+			return fmt.Errorf("filelock: fence record %s is corrupt: restore it (token=<at least the highest token ever used>) or remove it knowingly", counterPath(f.st.dir, esc))
 		}
 		highest = c.token
 	}
@@ -135,7 +129,7 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func(
 			return fmt.Errorf("filelock: fence: %w", err)
 		}
 		if fresh {
-			if err := syncDir(f.dir); err != nil {
+			if err := syncDir(f.st.dir); err != nil {
 				return err
 			}
 		}
@@ -146,9 +140,9 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func(
 	return write()
 }
 
-// Done reports whether key is recorded.
-func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
-	if err := backend.CheckStore(ctx, l.err, key); err != nil {
+// IsDone reports whether key is recorded.
+func (l *Ledger) IsDone(ctx context.Context, key string) (bool, error) {
+	if err := backend.CheckStore(ctx, l.st.err, key); err != nil {
 		return false, err
 	}
 	var st unix.Stat_t
@@ -165,21 +159,21 @@ func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
 // MarkDone records key as done by token, unless it already is: the first
 // record wins and a repeated call changes nothing.
 func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
-	if err := backend.CheckStore(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.st.err, key); err != nil {
 		return err
 	}
-	if err := ensureDir(l.dir); err != nil {
+	if err := ensureDir(l.st.dir); err != nil {
 		return err
 	}
 	esc := backend.Escape(key)
-	tmp := tempPath(l.dir, esc, newNonce())
+	tmp := tempPath(l.st.dir, esc, newNonce())
 	body := "key=" + quote(key, false) + "\ntoken=" + strconv.FormatUint(token, 10) +
 		"\ndone_at=" + time.Now().UTC().Format(time.RFC3339Nano) + "\n"
 	err := writeTemp(tmp, []byte(body))
 	if errors.Is(err, unix.ENOENT) {
 		// The directory was removed since this process made it.
-		madeDirs.Delete(l.dir)
-		if err := ensureDir(l.dir); err != nil {
+		madeDirs.Delete(l.st.dir)
+		if err := ensureDir(l.st.dir); err != nil {
 			return err
 		}
 		err = writeTemp(tmp, []byte(body))
@@ -195,7 +189,7 @@ func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
 	// Also after EEXIST: the process that linked the record may not have
 	// synced the directory yet, and ours must not report a record that a
 	// crash could still take back.
-	return syncDir(l.dir)
+	return syncDir(l.st.dir)
 }
 
 // madeDirs are the store directories this process has created or found,

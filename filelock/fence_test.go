@@ -77,7 +77,7 @@ func TestFenceAndLedgerFiles(t *testing.T) {
 	}
 	// The operator's re-run: delete the record.
 	os.Remove(l.Path(name))
-	if done, err := l.Done(ctx, name); done || err != nil {
+	if done, err := l.IsDone(ctx, name); done || err != nil {
 		t.Fatalf("after removal: done %v err %v", done, err)
 	}
 	if p := filelock.NewFence().Path("x"); p != filepath.Join(filelock.DefaultDir(), "fence", "x.token") {
@@ -131,7 +131,7 @@ func TestFenceAndLedgerBadInput(t *testing.T) {
 	if err := filelock.NewFence(filelock.WithDir(t.TempDir())).RejectIfStale(ctx, "a\x00b", 1); !errors.Is(err, lock.ErrInvalidName) {
 		t.Errorf("NUL in key: %v", err)
 	}
-	if done, err := filelock.NewLedger(filelock.WithDir("")).Done(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
+	if done, err := filelock.NewLedger(filelock.WithDir("")).IsDone(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
 		t.Errorf("WithDir(\"\") Done: %v %v", done, err)
 	}
 }
@@ -268,7 +268,7 @@ func TestLedgerDirRemoved(t *testing.T) {
 	if err := l.MarkDone(ctx, "b", 2); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := l.Done(ctx, "b"); !done || err != nil {
+	if done, err := l.IsDone(ctx, "b"); !done || err != nil {
 		t.Fatalf("done %v err %v", done, err)
 	}
 	f := filelock.NewFence(filelock.WithDir(dir))

@@ -139,13 +139,13 @@ func RunLedger(t *testing.T, newLedger NewLedger) {
 	t.Run("Record", func(t *testing.T) {
 		l, other := newLedger(t), newLedger(t)
 		k := prefix(t) + "k"
-		if done, err := l.Done(ctxT(t), k); done || err != nil {
+		if done, err := l.IsDone(ctxT(t), k); done || err != nil {
 			t.Fatalf("fresh key: done %v err %v", done, err)
 		}
 		if err := l.MarkDone(ctxT(t), k, 7); err != nil {
 			t.Fatal(err)
 		}
-		if done, err := other.Done(ctxT(t), k); !done || err != nil {
+		if done, err := other.IsDone(ctxT(t), k); !done || err != nil {
 			t.Fatalf("after MarkDone, another client: done %v err %v", done, err)
 		}
 		if err := other.MarkDone(ctxT(t), k, 9); err != nil {
@@ -162,7 +162,7 @@ func RunLedger(t *testing.T, newLedger NewLedger) {
 			t.Fatal(err)
 		}
 		for _, k := range []string{p + "a/b", p + "a:done", p + "a.0", p + "A", p + "a ", p + "a@2026-01-01T00:00:00Z"} {
-			if done, err := l.Done(ctxT(t), k); done || err != nil {
+			if done, err := l.IsDone(ctxT(t), k); done || err != nil {
 				t.Fatalf("key %q: done %v err %v; only %q was recorded", k, done, err, p+"a")
 			}
 		}
@@ -181,7 +181,7 @@ func RunLedger(t *testing.T, newLedger NewLedger) {
 			}()
 		}
 		wg.Wait()
-		if done, err := clients[0].Done(ctxT(t), k); !done || err != nil {
+		if done, err := clients[0].IsDone(ctxT(t), k); !done || err != nil {
 			t.Fatalf("done %v err %v", done, err)
 		}
 	})
@@ -189,7 +189,7 @@ func RunLedger(t *testing.T, newLedger NewLedger) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		l := newLedger(t)
-		if done, err := l.Done(ctx, prefix(t)+"k"); done || err == nil {
+		if done, err := l.IsDone(ctx, prefix(t)+"k"); done || err == nil {
 			t.Fatalf("Done on a cancelled context: done %v err %v; want an error", done, err)
 		}
 		if err := l.MarkDone(ctx, prefix(t)+"k", 1); err == nil {

@@ -267,8 +267,8 @@ func staleZero(key string) error {
 	return fmt.Errorf("pglock: %w: %q: token 0 is never issued to a holder", lock.ErrStaleToken, key)
 }
 
-// Done reports whether key is recorded.
-func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
+// IsDone reports whether key is recorded.
+func (l *Ledger) IsDone(ctx context.Context, key string) (bool, error) {
 	if err := l.st.check(ctx, key); err != nil {
 		return false, err
 	}

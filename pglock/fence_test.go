@@ -112,7 +112,7 @@ func TestStoreRows(t *testing.T) {
 	if _, err := pool.Exec(ctx, "DELETE FROM "+schema+".pglock_ledger WHERE ns = 'app1' AND key = 'backup'"); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := l.Done(ctx, "backup"); done || err != nil {
+	if done, err := l.IsDone(ctx, "backup"); done || err != nil {
 		t.Fatalf("after DELETE: done %v err %v", done, err)
 	}
 	// The SQL for administrators creates the same tables.
@@ -285,7 +285,7 @@ func TestStoreBadInput(t *testing.T) {
 	if err := pglock.NewFence(newPool(t), pglock.WithKeyPrefix("a\x00")).RejectIfStale(ctx, "k", 1); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Errorf("NUL in prefix: %v", err)
 	}
-	if done, err := pglock.NewLedger(nil).Done(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
+	if done, err := pglock.NewLedger(nil).IsDone(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
 		t.Errorf("nil pool Done: %v %v", done, err)
 	}
 	closed := newPool(t)

@@ -1,10 +1,12 @@
 package redislock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
@@ -13,7 +15,8 @@ import (
 // Fence is a lock.Fence kept in Redis: one string key per fenced key,
 // <prefix>fence/{<escaped key>}, holding the highest accepted token in
 // decimal. RejectIfStale is one script (lua/fence.lua), so the compare and
-// the record are one atomic step on the server, and one round trip.
+// the record are one atomic step on the server, and one round trip; Set
+// runs the same script with a data key, so a write goes with them.
 //
 // The records have no expiry, on purpose: a fence that forgot its highest
 // token would let a stale writer through. Run the server with a
@@ -21,71 +24,123 @@ import (
 // default, or a volatile-* policy), and with persistence if the fence must
 // survive a restart; like locks, a record written to a primary that fails
 // over before replicating it is lost.
-type Fence struct {
-	c      Client
-	prefix string
-	err    error
-}
+type Fence struct{ st *store }
+
+// Ledger is a lock.Ledger kept in Redis: one string key per recorded key,
+// <prefix>done/{<escaped key>}, holding the token of the holder that
+// recorded it. IsDone is EXISTS and MarkDone is SET NX, each one command.
+// Records never expire; an operator re-runs a key's work by deleting its
+// record (DEL). The same maxmemory-policy and persistence caveats as
+// Fence apply.
+type Ledger struct{ st *store }
 
 // NewFence returns a fence on client. Of the options only WithKeyPrefix
 // matters (default DefaultKeyPrefix); the others are accepted and ignored,
 // so a factory's options can be passed as they are. A nil client or an
-// invalid option is reported by the first call.
+// invalid option is reported by the first call. The fence does not close
+// client.
 func NewFence(client Client, opts ...Option) *Fence {
-	c, prefix, err := storeConfig(client, opts)
-	return &Fence{c: c, prefix: prefix, err: err}
-}
-
-// Ledger is a lock.Ledger kept in Redis: one string key per recorded key,
-// <prefix>done/{<escaped key>}, holding the token of the holder that
-// recorded it. Done is EXISTS and MarkDone is SET NX, each one command.
-// Records never expire; an operator re-runs a key's work by deleting its
-// record (DEL). The same maxmemory-policy and persistence caveats as
-// Fence apply.
-type Ledger struct {
-	c      Client
-	prefix string
-	err    error
+	return &Fence{st: newStore(client, opts)}
 }
 
 // NewLedger returns a ledger on client, configured like NewFence.
 func NewLedger(client Client, opts ...Option) *Ledger {
-	c, prefix, err := storeConfig(client, opts)
-	return &Ledger{c: c, prefix: prefix, err: err}
+	return &Ledger{st: newStore(client, opts)}
 }
 
-func storeConfig(client Client, opts []Option) (Client, string, error) {
+// store is the client and key prefix of a Fence or Ledger.
+type store struct {
+	c      Client
+	err    error
+	prefix string
+}
+
+func newStore(client Client, opts []Option) *store {
 	o, err := lock.Apply(lock.Options{}, opts...)
 	if isNil(client) {
 		err = errors.Join(err, fmt.Errorf("redislock: %w: nil Redis client", lock.ErrInvalidOption))
 	}
-	prefix := o.KeyPrefix
-	if prefix == "" {
-		prefix = DefaultKeyPrefix
-	}
-	return client, prefix, err
+	return &store{c: client, err: err, prefix: cmp.Or(o.KeyPrefix, DefaultKeyPrefix)}
+}
+
+// key is the Redis key of key's record in the family kind ("fence/",
+// "done/", "data/"): the hash tag is {<escaped key>}, the one the lock of
+// the same name uses.
+func (s *store) key(kind, key string) string {
+	return s.prefix + kind + "{" + backend.Escape(key) + "}"
 }
 
 // Key returns the Redis key that holds key's fence record. Its hash tag is
 // {<escaped key>}, the one the lock of the same name uses, so a script of
 // your own that checks the fence and writes data keys tagged alike runs on
 // one cluster slot.
-func (f *Fence) Key(key string) string { return f.prefix + "fence/{" + backend.Escape(key) + "}" }
+func (f *Fence) Key(key string) string { return f.st.key("fence/", key) }
+
+// DataKey returns <prefix>data/{<escaped key>}<suffix>: a key for Set's
+// data with the hash tag of key's fence record, apart from every lock,
+// fence and ledger key.
+func (f *Fence) DataKey(key, suffix string) string { return f.st.key("data/", key) + suffix }
 
 // Key returns the Redis key that holds key's ledger record.
-func (l *Ledger) Key(key string) string { return l.prefix + "done/{" + backend.Escape(key) + "}" }
+func (l *Ledger) Key(key string) string { return l.st.key("done/", key) }
 
 // RejectIfStale records token as the highest for key, or returns an error
 // matching lock.ErrStaleToken, recording nothing, if a higher token is
 // recorded or token is 0.
 func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) error {
-	if err := backend.CheckStore(ctx, f.err, key); err != nil {
+	return f.run(ctx, key, token, "", nil)
+}
+
+// Set is RejectIfStale and SET dataKey value in the same script: the write
+// happens, together with the record of token, only if token is not stale,
+// so no newer holder's write can come between the check and it. A stale
+// token returns an error matching lock.ErrStaleToken and leaves dataKey
+// untouched. value is sent as go-redis sends any command argument; the
+// data key gets no expiry.
+//
+// dataKey must carry key's hash tag, {<escaped key>}, so that the script
+// runs on one slot of Redis Cluster: build it with DataKey, or as any key
+// containing the tag of Key(key), other than Key(key) itself. Another key
+// gets an error matching lock.ErrInvalidOption, on a cluster or not.
+//
+//	err := fence.Set(ctx, "exports/today", h.Token(), fence.DataKey("exports/today", ""), data)
+func (f *Fence) Set(ctx context.Context, key string, token uint64, dataKey string, value any) error {
+	if dataKey == "" {
+		return fmt.Errorf("redislock: %w: empty data key for %q", lock.ErrInvalidOption, key)
+	}
+	return f.run(ctx, key, token, dataKey, value)
+}
+
+// hashTag is the part of a Redis key that decides its cluster slot: the
+// bytes between the first '{' and the next '}' if there are some, else the
+// whole key.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// run runs the fence script, which also sets dataKey to value unless
+// dataKey is "".
+func (f *Fence) run(ctx context.Context, key string, token uint64, dataKey string, value any) error {
+	if err := backend.CheckStore(ctx, f.st.err, key); err != nil {
 		return err
+	}
+	fk := f.Key(key)
+	if dataKey != "" && (dataKey == fk || hashTag(dataKey) != hashTag(fk)) {
+		return fmt.Errorf("redislock: %w: data key %q for %q: it must carry the hash tag of %q (see Fence.DataKey)", lock.ErrInvalidOption, dataKey, key, fk)
 	}
 	if token == 0 {
 		return fmt.Errorf("redislock: %w: %q: token 0 is never issued to a holder", lock.ErrStaleToken, key)
 	}
-	res, err := fenceScript.Run(ctx, f.c, []string{f.Key(key)}, strconv.FormatUint(token, 10)).Slice()
+	keys, args := []string{fk}, []any{strconv.FormatUint(token, 10)}
+	if dataKey != "" {
+		keys, args = append(keys, dataKey), append(args, value)
+	}
+	res, err := fenceScript.Run(ctx, f.st.c, keys, args...).Slice()
 	if err != nil {
 		return fmt.Errorf("redislock: fence: %w", err)
 	}
@@ -98,12 +153,12 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 	return fmt.Errorf("redislock: %w: %q: token %d is below %v", lock.ErrStaleToken, key, token, res[1])
 }
 
-// Done reports whether key is recorded.
-func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
-	if err := backend.CheckStore(ctx, l.err, key); err != nil {
+// IsDone reports whether key is recorded.
+func (l *Ledger) IsDone(ctx context.Context, key string) (bool, error) {
+	if err := backend.CheckStore(ctx, l.st.err, key); err != nil {
 		return false, err
 	}
-	p := l.c.Pipeline()
+	p := l.st.c.Pipeline()
 	n := p.Exists(ctx, l.Key(key))
 	if _, err := p.Exec(ctx); err != nil {
 		return false, fmt.Errorf("redislock: ledger: %w", err)
@@ -114,10 +169,10 @@ func (l *Ledger) Done(ctx context.Context, key string) (bool, error) {
 // MarkDone records key as done by token, unless it already is: the first
 // record wins and a repeated call changes nothing.
 func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
-	if err := backend.CheckStore(ctx, l.err, key); err != nil {
+	if err := backend.CheckStore(ctx, l.st.err, key); err != nil {
 		return err
 	}
-	p := l.c.Pipeline()
+	p := l.st.c.Pipeline()
 	p.SetNX(ctx, l.Key(key), strconv.FormatUint(token, 10), 0)
 	if _, err := p.Exec(ctx); err != nil {
 		return fmt.Errorf("redislock: ledger: %w", err)

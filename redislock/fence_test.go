@@ -112,7 +112,7 @@ func TestFenceAndLedgerKeys(t *testing.T) {
 	}
 	// The operator's re-run: delete the record.
 	rdb.Del(ctx, l.Key(name))
-	if done, err := l.Done(ctx, name); done || err != nil {
+	if done, err := l.IsDone(ctx, name); done || err != nil {
 		t.Fatalf("after DEL: done %v err %v", done, err)
 	}
 }
@@ -136,7 +136,7 @@ func TestFenceAndLedgerBadInput(t *testing.T) {
 		}
 	}
 	l := NewLedger(nil)
-	if done, err := l.Done(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
+	if done, err := l.IsDone(ctx, "k"); done || !errors.Is(err, lock.ErrInvalidOption) {
 		t.Errorf("nil client Done: %v %v", done, err)
 	}
 	if err := l.MarkDone(ctx, "k", 1); !errors.Is(err, lock.ErrInvalidOption) {
@@ -206,4 +206,66 @@ func TestFenceStaleWriter(t *testing.T) {
 			}
 			return b, err
 		}})
+}
+
+// Fence.Set writes its data key only with a token that is not stale, in
+// the step that records the token: a stale write is refused and leaves the
+// data as it was, an equal token is accepted, token 0 is never.
+func TestFenceSet(t *testing.T) {
+	prefix := storePrefix(t)
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f := NewFence(rdb, WithKeyPrefix(prefix))
+	name := uniq(t, "export")
+	data := f.DataKey(name, ":csv")
+	if want := prefix + "data/{" + backend.Escape(name) + "}:csv"; data != want {
+		t.Fatalf("DataKey = %q, want %q", data, want)
+	}
+	get := func() string {
+		t.Helper()
+		v, err := rdb.Get(ctx, data).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if err := f.Set(ctx, name, 0, data, "zero"); !errors.Is(err, lock.ErrStaleToken) || get() != "" {
+		t.Fatalf("token 0: %v, data %q; want ErrStaleToken and nothing written", err, get())
+	}
+	if err := f.Set(ctx, name, 7, data, "by 7"); err != nil || get() != "by 7" {
+		t.Fatalf("token 7: %v, data %q", err, get())
+	}
+	if err := f.Set(ctx, name, 6, data, "by 6"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7" {
+		t.Fatalf("stale token 6: %v, data %q; want ErrStaleToken and the data of 7", err, get())
+	}
+	if v, _ := rdb.Get(ctx, f.Key(name)).Result(); v != "7" {
+		t.Fatalf("fence record %q after the stale write, want 7", v)
+	}
+	if err := f.Set(ctx, name, 7, data, "by 7 again"); err != nil || get() != "by 7 again" {
+		t.Fatalf("equal token 7: %v, data %q", err, get())
+	}
+	// Set and RejectIfStale share the record: a RejectIfStale of 9 makes
+	// 8 stale for Set.
+	if err := f.RejectIfStale(ctx, name, 9); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Set(ctx, name, 8, data, "by 8"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7 again" {
+		t.Fatalf("token 8 after 9: %v, data %q", err, get())
+	}
+	// A data key of another slot, or the fence record itself, is refused
+	// before anything is sent.
+	for _, k := range []string{prefix + "data/" + name, f.DataKey("other", ""), f.Key(name), ""} {
+		if err := f.Set(ctx, name, 10, k, "x"); !errors.Is(err, lock.ErrInvalidOption) {
+			t.Errorf("data key %q: %v, want ErrInvalidOption", k, err)
+		}
+	}
+	if v, _ := rdb.Get(ctx, f.Key(name)).Result(); v != "9" {
+		t.Errorf("fence record %q after refused data keys, want 9", v)
+	}
+	// A key of one's own with the tag is accepted.
+	own := "objects/{" + backend.Escape(name) + "}"
+	if err := f.Set(ctx, name, 10, own, "mine"); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Del(ctx, own)
 }

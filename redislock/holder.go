@@ -93,6 +93,19 @@ func (h *Holder) Err() error { return h.state.Err() }
 // Name is the name the lock was acquired under.
 func (h *Holder) Name() string { return h.name }
 
+// Key is the Redis key that holds the lock, for operators and for scripts
+// of your own (its hash tag is the name's). For a mutex it is a string
+// whose value begins with the holder's random id; for a semaphore permit
+// (WithMaxConcurrent above 1) it is the sorted set of the name's permit ids,
+// scored by expiry, in which this holder is one member, so it stays while
+// other permits are held. Neither is ever the key of another name.
+func (h *Holder) Key() string {
+	if h.ls.limit == 1 {
+		return h.k.lock
+	}
+	return h.k.slots
+}
+
 // Release gives the lock up, if it is still this holder's: a lock that was
 // lost is never freed for its successor. It is idempotent, runs on its own
 // bounded context, and after a loss returns an error matching ErrLockLost.

@@ -1,6 +1,11 @@
 package redislock
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The keys of a name share its hash tag.
 func TestKeysFor(t *testing.T) {
@@ -9,4 +14,51 @@ func TestKeysFor(t *testing.T) {
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)
 	}
+}
+
+// Holder.Key is the key that holds the lock: while held it exists and names
+// the holder's id (a mutex's value begins with it, a semaphore's sorted set
+// has it as a member); after Release the holder is gone from it.
+func TestHolderKey(t *testing.T) {
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer f.Close()
+
+	t.Run("mutex", func(t *testing.T) {
+		name := uniq(t, "m")
+		h, err := f.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Key() != keysFor(testPrefix, name).lock {
+			t.Errorf("Key() = %q, want the lock key %q", h.Key(), keysFor(testPrefix, name).lock)
+		}
+		v, err := rdb.Get(ctx, h.Key()).Result()
+		if err != nil || !strings.HasPrefix(v, h.id) {
+			t.Fatalf("GET %s = %q, %v; want a value beginning with the id %q", h.Key(), v, err, h.id)
+		}
+		if err := h.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := rdb.Exists(ctx, h.Key()).Result(); n != 0 || err != nil {
+			t.Errorf("after Release EXISTS %s = %d, %v", h.Key(), n, err)
+		}
+	})
+	t.Run("semaphore", func(t *testing.T) {
+		name := uniq(t, "s")
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rdb.ZScore(ctx, h.Key(), semID(h.id)).Result(); err != nil {
+			t.Fatalf("ZSCORE %s %s: %v; want the permit id as a member", h.Key(), semID(h.id), err)
+		}
+		if err := h.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.ZScore(ctx, h.Key(), semID(h.id)).Err(); err != redis.Nil {
+			t.Errorf("after Release ZSCORE %s = %v, want redis.Nil", h.Key(), err)
+		}
+	})
 }

@@ -16,9 +16,8 @@
 //   - filelock (the default, no infrastructure): filelock.Fence.Apply holds
 //     the key's fence record (a flock) while the write runs, for every
 //     process on the host;
-//   - redis (the scenario's backend): one Lua script of ours compares the
-//     token with redislock.Fence's record (Fence.Key) and writes the data,
-//     as docs/design/patterns.md shows;
+//   - redis (the scenario's backend): redislock.Fence.Set compares and
+//     records the token and writes the data in one script;
 //   - etcd: etcdlock.Fence.Apply puts the data in the Txn that compares and
 //     records the token.
 //
@@ -35,7 +34,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -123,53 +121,20 @@ func (s *etcdStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return resp.Kvs[0].Value, nil
 }
 
-// redisStore is a FencedStore in Redis. redislock's Fence records the
-// highest token of a key under Fence.Key(key), whose hash tag is the key's;
-// one script of ours compares the token with that record and writes the
-// data, tagged alike, so the check and the write are one step on one
-// cluster slot. Tokens are compared as decimal strings, length first then
-// byte by byte, as redislock does: Lua numbers are doubles, exact only up
-// to 2^53.
+// redisStore is a FencedStore in Redis: redislock's Fence.Set compares
+// the token with the key's fence record, records it and writes the data in
+// one script, so the check and the write are one step. The data key is
+// built with Fence.DataKey and shares the fence record's hash tag, so the
+// script runs on one cluster slot.
 type redisStore struct {
-	fence  *redislock.Fence
-	rdb    *redis.Client
-	prefix string
+	fence *redislock.Fence
+	rdb   *redis.Client
 }
 
-var fencedPut = redis.NewScript(`
-local tok, cur = ARGV[1], redis.call('GET', KEYS[1])
-if cur then
-  local below = #tok < #cur
-  if #tok == #cur then
-    for i = 1, #tok do
-      local a, b = string.byte(tok, i), string.byte(cur, i)
-      if a ~= b then below = a < b break end
-    end
-  end
-  if below then return cur end
-end
-redis.call('SET', KEYS[1], tok)
-redis.call('SET', KEYS[2], ARGV[2])
-return false
-`)
-
-func (s *redisStore) dataKey(key string) string {
-	return s.prefix + "objects/{" + backend.Escape(key) + "}"
-}
+func (s *redisStore) dataKey(key string) string { return s.fence.DataKey(key, "") }
 
 func (s *redisStore) Put(ctx context.Context, key string, data []byte, fence uint64) error {
-	if fence == 0 {
-		return fmt.Errorf("%w: %q: token 0", lock.ErrStaleToken, key)
-	}
-	keys := []string{s.fence.Key(key), s.dataKey(key)}
-	highest, err := fencedPut.Run(ctx, s.rdb, keys, strconv.FormatUint(fence, 10), data).Text()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return nil // written
-	case err != nil:
-		return err
-	}
-	return fmt.Errorf("%w: %q: token %d is below %s", lock.ErrStaleToken, key, fence, highest)
+	return s.fence.Set(ctx, key, fence, s.dataKey(key), data)
 }
 
 func (s *redisStore) Get(ctx context.Context, key string) ([]byte, error) {
@@ -181,7 +146,7 @@ func (s *redisStore) Get(ctx context.Context, key string) ([]byte, error) {
 func newStore(c *replica.Cluster, r *replica.Replica) FencedStore {
 	switch c.Backend {
 	case replica.Redis:
-		return &redisStore{fence: redislock.NewFence(r.Redis, redislock.WithKeyPrefix(c.Prefix)), rdb: r.Redis, prefix: c.Prefix}
+		return &redisStore{fence: redislock.NewFence(r.Redis, redislock.WithKeyPrefix(c.Prefix)), rdb: r.Redis}
 	case replica.Etcd:
 		return &etcdStore{fence: etcdlock.NewFence(r.Etcd, etcdlock.WithKeyPrefix(c.Prefix)), cli: r.Etcd, prefix: c.Prefix}
 	}

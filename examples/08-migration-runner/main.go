@@ -64,7 +64,7 @@ type versions struct{ db Database }
 
 const keyPrefix = "schema-migration:"
 
-func (v versions) Done(ctx context.Context, key string) (bool, error) {
+func (v versions) IsDone(ctx context.Context, key string) (bool, error) {
 	return v.db.Applied(ctx, strings.TrimPrefix(key, keyPrefix))
 }
 

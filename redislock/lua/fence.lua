@@ -1,7 +1,9 @@
--- Records a token in a fence unless a higher one is recorded.
--- KEYS: <prefix>fence/{<esc>}.
--- ARGV: the token in decimal.
--- Reply: {1} accepted | {0, the recorded token} stale: nothing recorded.
+-- Records a token in a fence unless a higher one is recorded, and with a
+-- data key also writes the data, in the same step (Fence.Set).
+-- KEYS: <prefix>fence/{<esc>} [, the data key, with the same hash tag].
+-- ARGV: the token in decimal [, the data].
+-- Reply: {1} accepted (and the data set) | {0, the recorded token} stale:
+-- nothing recorded, nothing written.
 --
 -- Tokens travel and are stored as decimal strings without leading zeros and
 -- are compared as such, length first and then byte by byte: Lua numbers are
@@ -19,4 +21,5 @@ if cur then
   if below then return {0, cur} end
 end
 redis.call('SET', KEYS[1], tok)
+if KEYS[2] then redis.call('SET', KEYS[2], ARGV[2]) end
 return {1}
