@@ -14,7 +14,7 @@ import (
 )
 
 // BenchmarkAcquireRelease is one uncontended Acquire and Release: guard
-// flock, counter write and fdatasync, marker written and fsynced, link(2),
+// flock, counter write (not flushed), marker written and fsynced, link(2),
 // then guard, read back and unlink on release.
 func BenchmarkAcquireRelease(b *testing.B) {
 	f := filelock.NewFactory(filelock.WithDir(b.TempDir()), filelock.WithLogger(nil))

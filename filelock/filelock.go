@@ -277,7 +277,7 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	if len(data) > maxMarker {
 		return nil, time.Time{}, fmt.Errorf("filelock: %w: owner and metadata make a marker of %d bytes, over %d", lock.ErrInvalidOption, len(data), maxMarker)
 	}
-	if err := writeCounter(g.fd, token, limit); err != nil {
+	if err := putCounter(g.fd, token, limit); err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
 	}
 	tmp := tempPath(dir, esc, newNonce()[:16])

@@ -20,6 +20,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ubgo/lock/backend"
 )
 
 // File names in the lock directory. esc is backend.Escape(name), which has
@@ -350,7 +352,7 @@ func writeTemp(path string, data []byte) error {
 // the name's markers.
 type counter struct {
 	token uint64
-	valid bool // false: missing or corrupt, the clock floor applies
+	valid bool // false: missing or corrupt, the clock floor alone applies
 	limit int  // 0: unknown
 }
 
@@ -381,31 +383,36 @@ func readCounter(fd int) counter {
 	return c
 }
 
-// writeCounter replaces the counter in place and syncs it. A write torn by
-// a crash fails the checksum, and a failed checksum makes the next token
-// come from the clock floor, never from a low number.
-func writeCounter(fd int, token uint64, limit int) error {
+// putCounter replaces the counter in place, without flushing it to disk:
+// an acquire's token does not depend on the counter surviving a host crash
+// (see nextToken). A write torn by a crash fails the checksum.
+func putCounter(fd int, token uint64, limit int) error {
 	body := fmt.Sprintf("token=%d\nlimit=%d\n", token, limit)
 	data := fmt.Sprintf("%scrc=%08x\n", body, crc32.ChecksumIEEE([]byte(body)))
 	if _, err := unix.Pwrite(fd, []byte(data), 0); err != nil {
 		return err
 	}
-	if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+	return unix.Ftruncate(fd, int64(len(data)))
+}
+
+// writeCounter is putCounter and a sync, for a Fence record: a fence that
+// forgot its highest token after a crash would let a stale writer in.
+func writeCounter(fd int, token uint64, limit int) error {
+	if err := putCounter(fd, token, limit); err != nil {
 		return err
 	}
 	return datasync(fd)
 }
 
-// nextToken is one above the counter, or the clock floor when the counter
-// is missing or corrupt: Unix time in nanoseconds, above every earlier token
-// as long as the clock was not set back (a counter advanced from such a
-// floor by one per acquire stays below the nanosecond clock).
+// nextToken is the token of an acquire: backend.NextToken over the highest
+// token known, the counter's if it is sound and the highest seen in the
+// name's markers. Its clock floor, not a flush of the counter, is what
+// keeps tokens above every earlier one after a host crash that reverted,
+// truncated or tore the counter.
 func nextToken(c counter, seen uint64) uint64 {
-	t := seen + 1
+	stored := seen
 	if c.valid {
-		t = max(t, c.token+1)
-	} else {
-		t = max(t, uint64(time.Now().UnixNano()))
+		stored = max(stored, c.token)
 	}
-	return t
+	return backend.NextToken(stored, time.Now())
 }

@@ -297,17 +297,6 @@ func (c *call) mismatch(have int) error {
 	return fmt.Errorf("flock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, c.name, have, c.limit)
 }
 
-// nextToken is the token after stored: one more, or the wall clock in
-// unix nanoseconds when that is larger, so a counter that was lost,
-// damaged or swept never restarts below the tokens handed out before.
-func nextToken(stored uint64, now time.Time) uint64 {
-	t := stored + 1
-	if ns := now.UnixNano(); ns > 0 && uint64(ns) > t {
-		t = uint64(ns)
-	}
-	return t
-}
-
 // pid is read once: Go processes do not fork without exec.
 var pid = os.Getpid()
 
@@ -418,7 +407,7 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 			}
 		}
 		now := time.Now()
-		token := nextToken(rec.token, now)
+		token := backend.NextToken(rec.token, now)
 		out := c.holderRecord(token, now)
 		out.limit = 1
 		if err := writeRecord(m.fd, &out); err != nil {
@@ -634,7 +623,7 @@ func (s *semAttempt) take(c *call, i int) (*Holder, error) {
 		if !valid || rec.dead || rec.limit != c.limit {
 			return errChanged
 		}
-		token = nextToken(rec.token, now)
+		token = backend.NextToken(rec.token, now)
 		return writeRecord(s.name, &record{limit: c.limit, token: token})
 	})
 	if err == nil {

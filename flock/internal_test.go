@@ -104,20 +104,6 @@ func TestSplitFile(t *testing.T) {
 	}
 }
 
-func TestNextToken(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	if got := nextToken(0, now); got != uint64(now.UnixNano()) {
-		t.Errorf("a missing counter starts at the clock: %d", got)
-	}
-	ahead := uint64(now.UnixNano()) + 1000
-	if got := nextToken(ahead, now); got != ahead+1 {
-		t.Errorf("a counter ahead of the clock keeps counting: %d, want %d", got, ahead+1)
-	}
-	if got := nextToken(5, time.Unix(0, -1)); got != 6 {
-		t.Errorf("a clock before 1970 is no floor: %d", got)
-	}
-}
-
 // A counter ahead of the clock (the clock stepped back) is still obeyed.
 func TestCounterAheadOfClock(t *testing.T) {
 	dir := t.TempDir()
