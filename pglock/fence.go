@@ -37,8 +37,8 @@ type Fence struct{ st *store }
 // Ledger is a lock.Ledger kept in a Postgres table, pglock_ledger in the
 // schema of WithSchema: one row per recorded (prefix, key) with the token
 // that recorded it and the time. MarkDone is INSERT … ON CONFLICT DO
-// NOTHING and Done is SELECT EXISTS, one statement each. An operator re-runs
-// a key's work by deleting its row.
+// NOTHING and IsDone is SELECT EXISTS, one statement each. An operator
+// re-runs a key's work by deleting its row.
 type Ledger struct{ st *store }
 
 // NewFence returns a fence on pool. WithSchema (default "public") names the

@@ -100,8 +100,9 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 //
 // dataKey must carry key's hash tag, {<escaped key>}, so that the script
 // runs on one slot of Redis Cluster: build it with DataKey, or as any key
-// containing the tag of Key(key), other than Key(key) itself. Another key
-// gets an error matching lock.ErrInvalidOption, on a cluster or not.
+// of your own containing the tag of Key(key). A key without the tag, or one
+// of redislock's own keys for key (its fence and ledger records, the lock's
+// keys), gets an error matching lock.ErrInvalidOption, on a cluster or not.
 //
 //	err := fence.Set(ctx, "exports/today", h.Token(), fence.DataKey("exports/today", ""), data)
 func (f *Fence) Set(ctx context.Context, key string, token uint64, dataKey string, value any) error {
@@ -123,6 +124,16 @@ func hashTag(key string) string {
 	return key
 }
 
+// dataKeyOK reports whether dataKey may hold Set's data for key: it has
+// the hash tag of key's fence record and is none of the keys redislock
+// keeps for key (the record itself, the ledger record, the lock's keys).
+func (f *Fence) dataKeyOK(key, dataKey string) bool {
+	fk := f.Key(key)
+	lockKeys := strings.TrimSuffix(keysFor(f.st.prefix, key).lock, "lock") // <prefix>{<esc>}:
+	return hashTag(dataKey) == hashTag(fk) && dataKey != fk && dataKey != f.st.key("done/", key) &&
+		!strings.HasPrefix(dataKey, lockKeys)
+}
+
 // run runs the fence script, which also sets dataKey to value unless
 // dataKey is "".
 func (f *Fence) run(ctx context.Context, key string, token uint64, dataKey string, value any) error {
@@ -130,8 +141,8 @@ func (f *Fence) run(ctx context.Context, key string, token uint64, dataKey strin
 		return err
 	}
 	fk := f.Key(key)
-	if dataKey != "" && (dataKey == fk || hashTag(dataKey) != hashTag(fk)) {
-		return fmt.Errorf("redislock: %w: data key %q for %q: it must carry the hash tag of %q (see Fence.DataKey)", lock.ErrInvalidOption, dataKey, key, fk)
+	if dataKey != "" && !f.dataKeyOK(key, dataKey) {
+		return fmt.Errorf("redislock: %w: data key %q for %q: it must carry the hash tag of %q and be none of redislock's own keys (see Fence.DataKey)", lock.ErrInvalidOption, dataKey, key, fk)
 	}
 	if token == 0 {
 		return fmt.Errorf("redislock: %w: %q: token 0 is never issued to a holder", lock.ErrStaleToken, key)

@@ -252,9 +252,10 @@ func TestFenceSet(t *testing.T) {
 	if err := f.Set(ctx, name, 8, data, "by 8"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7 again" {
 		t.Fatalf("token 8 after 9: %v, data %q", err, get())
 	}
-	// A data key of another slot, or the fence record itself, is refused
-	// before anything is sent.
-	for _, k := range []string{prefix + "data/" + name, f.DataKey("other", ""), f.Key(name), ""} {
+	// A data key of another slot, or one of redislock's own keys for the
+	// name, is refused before anything is sent.
+	own := []string{f.Key(name), NewLedger(rdb, WithKeyPrefix(prefix)).Key(name), keysFor(prefix, name).lock, keysFor(prefix, name).token}
+	for _, k := range append([]string{prefix + "data/" + name, f.DataKey("other", ""), ""}, own...) {
 		if err := f.Set(ctx, name, 10, k, "x"); !errors.Is(err, lock.ErrInvalidOption) {
 			t.Errorf("data key %q: %v, want ErrInvalidOption", k, err)
 		}
@@ -263,9 +264,9 @@ func TestFenceSet(t *testing.T) {
 		t.Errorf("fence record %q after refused data keys, want 9", v)
 	}
 	// A key of one's own with the tag is accepted.
-	own := "objects/{" + backend.Escape(name) + "}"
-	if err := f.Set(ctx, name, 10, own, "mine"); err != nil {
+	mine := "objects/{" + backend.Escape(name) + "}"
+	if err := f.Set(ctx, name, 10, mine, "mine"); err != nil {
 		t.Fatal(err)
 	}
-	rdb.Del(ctx, own)
+	rdb.Del(ctx, mine)
 }
