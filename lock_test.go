@@ -111,7 +111,7 @@ func TestApplyOptions(t *testing.T) {
 	if len(base.Metadata) != 1 {
 		t.Fatal("a per-call option changed the defaults it was applied to")
 	}
-	if base.Limit() != 1 || base.Renew(true) != true || base.Renew(false) != false {
+	if base.Limit() != 1 || base.NoAutoRenew {
 		t.Fatal("defaults")
 	}
 	for _, bad := range []lock.Option{lock.WithTTL(0), lock.WithTTL(-1), lock.WithMaxConcurrent(0), lock.WithDir("")} {

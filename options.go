@@ -25,7 +25,7 @@ type Options struct {
 	Dir           string            // directory for file-based backends
 	Owner         string            // who holds the lock, for operators (a trace or job id)
 	Metadata      map[string]string // free-form, shown by Inspect and in markers
-	AutoRenew     *bool             // renew leases in the background; nil means the backend's default
+	NoAutoRenew   bool              // WithAutoRenew(false): only Extend renews a lease
 	Logger        *slog.Logger      // nil: slog.Default(); WithLogger(nil) sets one that discards
 	Observer      Observer          // metrics and tracing hook; nil: none
 
@@ -62,15 +62,6 @@ func (o *Options) Limit() int {
 		return 1
 	}
 	return o.MaxConcurrent
-}
-
-// Renew reports whether leases renew in the background, given the
-// backend's default for the calling context.
-func (o *Options) Renew(dflt bool) bool {
-	if o.AutoRenew == nil {
-		return dflt
-	}
-	return *o.AutoRenew
 }
 
 // Value returns the backend-specific setting stored under key by WithValue,
@@ -154,12 +145,16 @@ func WithMetadata(key, value string) Option {
 	}
 }
 
-// WithAutoRenew turns background renewal of leases on or off. Every lease
-// backend renews inside WithLock and AsLocker by default. For a bare
-// Acquire the default is the backend's: redislock, filelock and memlock
-// leave renewal to the caller's Extend; etcdlock, whose lease is shared by
-// the factory's locks, renews unless told otherwise.
-func WithAutoRenew(on bool) Option { return func(o *Options) { o.AutoRenew = &on } }
+// WithAutoRenew(false) turns off the background renewal of leases. By
+// default every lease backend (redislock, etcdlock, filelock, memlock with
+// a TTL) renews the lease of every lock it hands out, from Acquire as from
+// WithLock and AsLocker, for as long as it is held: a lock is lost only
+// when its process cannot reach the store (or pauses) for longer than the
+// TTL, or is killed. With WithAutoRenew(false) the lease runs out one TTL
+// after Acquire unless the holder calls Extend ([Extender], or
+// [KeepAlive]) — the way to give a crashed or stuck holder's lock a fixed
+// bound.
+func WithAutoRenew(on bool) Option { return func(o *Options) { o.NoAutoRenew = !on } }
 
 // WithLogger sets the logger. Acquisitions, releases and contention are
 // logged at Debug, failures at Warn, lost locks at Warn. A nil logger turns

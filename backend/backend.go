@@ -115,35 +115,6 @@ func Escape(name string) string {
 	return cut + "~" + hex.EncodeToString(sum[:])
 }
 
-// Locker adapts a factory's Acquire to lock.Locker without hiding the
-// concrete holder type: callers can still assert lock.Extender on it.
-func Locker[H lock.Holder](acquire func(ctx context.Context, name string) (H, error)) lock.Locker {
-	return lock.LockerFunc(func(ctx context.Context, name string) (lock.Holder, error) {
-		h, err := acquire(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		return h, nil
-	})
-}
-
-// Resolve applies a call's options over a factory's defaults (dflt, and
-// dfltErr, the error of the factory's own options, reported by every call),
-// then the backend's own check (may be nil), then the name's validity.
-func Resolve(dflt lock.Options, dfltErr error, name string, opts []lock.Option, check func(*lock.Options) error) (lock.Options, error) {
-	if dfltErr != nil {
-		return dflt, dfltErr
-	}
-	o, err := lock.Apply(dflt, opts...)
-	if err == nil && check != nil {
-		err = check(&o)
-	}
-	if err != nil {
-		return o, err
-	}
-	return o, lock.ValidateName(name)
-}
-
 // endedBy reports whether err is ctx's ending, not yet said as a WaitError
 // or a failed wait.
 func endedBy(ctx context.Context, err error) bool {

@@ -74,8 +74,7 @@ const opTimeout = backend.ReleaseTimeout
 // release its locks and stop its background work.
 type Factory struct {
 	cli     *clientv3.Client
-	opts    lock.Options
-	err     error
+	cfg     backend.Config
 	process string // pid@host, stored with every lock
 	id      string // random, names this factory's keys
 
@@ -96,24 +95,28 @@ type Factory struct {
 // every call. An invalid option, or a nil client, is reported by the first
 // Acquire. The factory does not close cli.
 func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
-	o, err := lock.Apply(lock.Options{}, opts...)
-	if err == nil {
-		err = checkTTL(o.TTL)
-	}
-	if err == nil && cli == nil {
-		err = fmt.Errorf("etcdlock: %w: nil *clientv3.Client", lock.ErrInvalidOption)
+	cfg := backend.NewConfig(backendName, opts, checkOptions)
+	if cli == nil {
+		cfg.Fail(fmt.Errorf("%w: nil *clientv3.Client", lock.ErrInvalidOption))
 	}
 	host, _ := os.Hostname()
 	var id [8]byte
 	rand.Read(id[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Factory{
-		cli: cli, opts: o, err: err, process: fmt.Sprintf("%d@%s", os.Getpid(), host), id: hex.EncodeToString(id[:]),
+		cli: cli, cfg: cfg, process: fmt.Sprintf("%d@%s", os.Getpid(), host), id: hex.EncodeToString(id[:]),
 		ctx: ctx, cancel: cancel,
 		sessions: map[time.Duration]*session{}, private: map[*session]struct{}{}, watches: map[string]*watcher{},
 		used: map[string]uint64{},
 	}
 }
+
+// Err returns the error of the factory's options (or a nil client), which
+// every Acquire also returns; nil when the factory is usable. Check it at
+// start-up.
+func (f *Factory) Err() error { return f.cfg.Err }
+
+func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits in FIFO order until a permit is its own or
@@ -121,7 +124,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 // its lease renewed, until Release, a loss, or Close.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
-	o, err := backend.Resolve(f.opts, f.err, name, opts, func(o *lock.Options) error { return checkTTL(o.TTL) })
+	o, err := f.cfg.Resolve(name, opts, checkOptions)
 	// A read of the name's keys (which the caller may read): it fails when
 	// etcd does not answer.
 	probe := func(ctx context.Context) error {
@@ -143,9 +146,7 @@ func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context
 // AsLocker returns the factory as a lock.Locker whose every Acquire uses
 // opts. Its holders are *Holder values.
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
-	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
-		return f.Acquire(ctx, name, opts...)
-	})
+	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
 // Keys. A name's directory is prefix + backend.Escape(name) + "/"; Escape
@@ -630,10 +631,10 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
 	}
-	if f.err != nil {
-		return lock.Info{}, f.err
+	if f.cfg.Err != nil {
+		return lock.Info{}, f.cfg.Err
 	}
-	q := newQueue(name, &f.opts)
+	q := newQueue(name, &f.cfg.Options)
 	resp, err := f.cli.Get(ctx, q.dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
 		return lock.Info{}, err

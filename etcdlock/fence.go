@@ -56,7 +56,7 @@ type store struct {
 }
 
 func newStore(cli *clientv3.Client, sub string, opts []Option) *store {
-	o, err := lock.Apply(lock.Options{}, opts...)
+	o, err := lock.Apply(backend.Options(backendName), opts...)
 	if cli == nil {
 		err = errors.Join(err, fmt.Errorf("etcdlock: %w: nil *clientv3.Client", lock.ErrInvalidOption))
 	}

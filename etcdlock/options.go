@@ -73,7 +73,7 @@ func checkTTL(d time.Duration) error {
 		return nil
 	}
 	if d < time.Second || d%time.Second != 0 || d > maxTTL {
-		return fmt.Errorf("etcdlock: %w: WithTTL(%v): etcd leases are whole seconds, from 1s to %v", lock.ErrInvalidOption, d, maxTTL)
+		return fmt.Errorf("%w: WithTTL(%v): etcd leases are whole seconds, from 1s to %v", lock.ErrInvalidOption, d, maxTTL)
 	}
 	return nil
 }

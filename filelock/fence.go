@@ -62,7 +62,7 @@ type store struct {
 }
 
 func newStore(sub string, opts []Option) *store {
-	o, err := lock.Apply(lock.Options{}, opts...)
+	o, err := lock.Apply(backend.Options(backendName), opts...)
 	if err != nil {
 		return &store{err: err}
 	}

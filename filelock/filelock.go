@@ -79,8 +79,7 @@ const backendName = "filelock"
 // Factory hands out locks kept as marker files. Factories (in one process
 // or many) that use the same directory contend with each other.
 type Factory struct {
-	opts    lock.Options
-	err     error
+	cfg     backend.Config
 	closing context.Context // done once Close is called
 	stop    context.CancelFunc
 	dirs    sync.Map // directory as given → absolute path, created
@@ -95,16 +94,17 @@ type Factory struct {
 func NewFactory(opts ...Option) *Factory {
 	f := &Factory{held: map[*Holder]struct{}{}}
 	f.closing, f.stop = context.WithCancel(context.Background())
-	f.opts, f.err = lock.Apply(lock.Options{}, opts...)
-	if f.err == nil {
-		f.err = validate(&f.opts)
-	}
+	f.cfg = backend.NewConfig(backendName, opts, validate)
 	return f
 }
 
+// Err returns the error of the factory's options, which every Acquire
+// also returns; nil when the factory is usable. Check it at start-up.
+func (f *Factory) Err() error { return f.cfg.Err }
+
 func validate(o *lock.Options) error {
 	if o.TTL != 0 && o.TTL < MinStaleAfter {
-		return fmt.Errorf("filelock: %w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
+		return fmt.Errorf("%w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
 	}
 	return nil
 }
@@ -133,17 +133,13 @@ func refreshEvery(ttl time.Duration) time.Duration { return ttl / 3 }
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits until a permit is free or ctx ends. The
-// marker is not refreshed in the background unless WithAutoRenew(true) is
-// given: call Extend within the stale window.
+// marker is refreshed in the background unless WithAutoRenew(false) is
+// given; then call Extend within the stale window.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return f.acquire(ctx, name, false, opts)
-}
-
-func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
-	o, err := backend.Resolve(f.opts, f.err, name, opts, validate)
+	o, err := f.cfg.Resolve(name, opts, validate)
 	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
-		return f.take(ctx, name, &o, o.Renew(renew))
+		return f.take(ctx, name, &o, !o.NoAutoRenew)
 	})
 }
 
@@ -379,19 +375,15 @@ func (f *Factory) unregister(h *Holder) {
 	delete(f.held, h)
 }
 
-// WithLock runs fn while holding name; see lock.WithLock. The marker is
-// refreshed in the background unless WithAutoRenew(false) is given.
+// WithLock runs fn while holding name; see lock.WithLock.
 func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
 	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
 }
 
 // AsLocker returns the factory as a lock.Locker whose every Acquire uses
-// opts. Its holders are *Holder values; markers are refreshed in the
-// background unless WithAutoRenew(false) is given.
+// opts. Its holders are *Holder values.
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
-	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
-		return f.acquire(ctx, name, true, opts)
-	})
+	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
 // Inspect reports the live holders of name in the factory's directory,
@@ -401,14 +393,14 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
 	}
-	if f.err != nil {
-		return lock.Info{}, f.err
+	if f.cfg.Err != nil {
+		return lock.Info{}, f.cfg.Err
 	}
 	if err := ctx.Err(); err != nil {
 		return lock.Info{}, err
 	}
 	info := lock.Info{Name: name}
-	dir, err := f.dir(&f.opts)
+	dir, err := f.dir(&f.cfg.Options)
 	if err != nil {
 		return info, err
 	}
@@ -417,7 +409,7 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err != nil {
 		return info, err
 	}
-	j := &judge{name: name, ttl: ttlOf(&f.opts), now: time.Now(), inspect: true}
+	j := &judge{name: name, ttl: ttlOf(&f.cfg.Options), now: time.Now(), inspect: true}
 	for _, p := range paths {
 		m, live, expires, err := j.examine(p)
 		if err != nil {
@@ -477,10 +469,10 @@ const tempAge = time.Minute
 // it removed. Acquire reclaims stale markers of the names it takes by
 // itself; Sweep is for tidying names nobody asks for any more.
 func (f *Factory) Sweep(ctx context.Context) (int, error) {
-	if f.err != nil {
-		return 0, f.err
+	if f.cfg.Err != nil {
+		return 0, f.cfg.Err
 	}
-	dir, err := f.dir(&f.opts)
+	dir, err := f.dir(&f.cfg.Options)
 	if err != nil {
 		return 0, err
 	}
@@ -522,7 +514,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		j := &judge{log: backend.Log(&f.opts), name: esc, ttl: ttlOf(&f.opts), now: time.Now()}
+		j := &judge{log: backend.Log(&f.cfg.Options), name: esc, ttl: ttlOf(&f.cfg.Options), now: time.Now()}
 		for _, p := range fs.markers {
 			if _, _, _, err := j.examine(p); err != nil {
 				errs = append(errs, err)

@@ -38,8 +38,8 @@ func WithDir(dir string) Option { return lock.WithDir(dir) }
 
 // WithStaleAfter sets the lease of the marker: a holder that has not
 // refreshed its marker for d is considered gone and any process may take
-// the lock over. Holders refresh automatically inside WithLock and AsLocker
-// (see WithAutoRenew); a bare Acquire must call Extend within d. The lease
+// the lock over. Holders refresh automatically (see WithAutoRenew); with
+// WithAutoRenew(false) the caller must call Extend within d. The lease
 // is written into the marker, so every process judges a marker by its
 // holder's lease. It is WithTTL under the name the filelock docs use.
 // Default DefaultStaleAfter; at least MinStaleAfter.
@@ -63,9 +63,9 @@ func WithWait() Option { return lock.WithWait() }
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
 func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 
-// WithAutoRenew turns background refreshing of the marker on or off. It is
-// on inside WithLock and AsLocker and off for a bare Acquire, whose caller
-// refreshes with Extend. Each held lock is refreshed on a timer of its own.
+// WithAutoRenew(false) turns off the background refreshing of the marker
+// (on by default, see lock.WithAutoRenew): the caller then refreshes it
+// with Extend. Each held lock is refreshed on a timer of its own.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
 // WithOwner records who holds the lock (a job or trace id) in the marker,

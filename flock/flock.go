@@ -76,10 +76,9 @@ func DefaultDir() string { return filepath.Join(os.TempDir(), "ubgo-lock") }
 // Factory acquires locks in a directory. Factories, and processes, that
 // use the same directory contend for the same names.
 type Factory struct {
-	opts  lock.Options
-	err   error
+	cfg   backend.Config
 	check time.Duration // WithCheckInterval
-	dir   string        // opts.Dir resolved, or its error in err
+	dir   string        // cfg.Options.Dir resolved, or its error in cfg.Err
 
 	ctx    context.Context // cancelled by Close: ends waits and sweeps
 	cancel context.CancelFunc
@@ -94,21 +93,26 @@ type Factory struct {
 // NewFactory returns a factory whose options are the defaults for every
 // call. An invalid option is reported by the first Acquire.
 func NewFactory(opts ...Option) *Factory {
-	o, err := lock.Apply(lock.Options{}, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &Factory{opts: o, err: err, check: checkInterval(&o), ctx: ctx, cancel: cancel, held: map[*Holder]struct{}{}}
-	if f.err == nil {
-		if f.dir, err = resolveDir(o.Dir); err != nil {
-			f.err = fmt.Errorf("flock: %w", err)
+	f := &Factory{cfg: backend.NewConfig(backendName, opts, checkPermits), ctx: ctx, cancel: cancel, held: map[*Holder]struct{}{}}
+	f.check = checkInterval(&f.cfg.Options)
+	if f.cfg.Err == nil {
+		var err error
+		if f.dir, err = resolveDir(f.cfg.Options.Dir); err != nil {
+			f.cfg.Fail(err)
 		}
 	}
 	return f
 }
 
+// Err returns the error of the factory's options, which every Acquire
+// also returns; nil when the factory is usable. Check it at start-up.
+func (f *Factory) Err() error { return f.cfg.Err }
+
 // Dir is the directory of the factory's lock files.
 func (f *Factory) Dir() string {
 	if f.dir == "" {
-		dir, _ := resolveDir(f.opts.Dir)
+		dir, _ := resolveDir(f.cfg.Options.Dir)
 		return dir
 	}
 	return f.dir
@@ -116,7 +120,7 @@ func (f *Factory) Dir() string {
 
 // dirOf is the resolved directory of a call.
 func (f *Factory) dirOf(o *lock.Options) (string, error) {
-	if o.Dir == f.opts.Dir && f.dir != "" {
+	if o.Dir == f.cfg.Options.Dir && f.dir != "" {
 		return f.dir, nil
 	}
 	dir, err := resolveDir(o.Dir)
@@ -136,7 +140,11 @@ func resolveDir(dir string) (string, error) {
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits until the lock is free or ctx ends.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return f.acquire(ctx, name, opts)
+	start := time.Now()
+	o, err := f.cfg.Resolve(name, opts, checkPermits)
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o)
+	})
 }
 
 // WithLock runs fn while holding name; see lock.WithLock. The context fn
@@ -149,9 +157,7 @@ func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context
 // AsLocker returns the factory as a lock.Locker whose every Acquire uses
 // opts. Its holders are *Holder values.
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
-	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
-		return f.acquire(ctx, name, opts)
-	})
+	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
 // Close makes every lock held through the factory lost (its files are
@@ -184,17 +190,9 @@ func (f *Factory) Close() error {
 
 func checkPermits(o *lock.Options) error {
 	if o.MaxConcurrent > MaxPermits {
-		return fmt.Errorf("%w: flock: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
+		return fmt.Errorf("flock: %w: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
 	}
 	return nil
-}
-
-func (f *Factory) acquire(ctx context.Context, name string, opts []Option) (*Holder, error) {
-	start := time.Now()
-	o, err := backend.Resolve(f.opts, f.err, name, opts, checkPermits)
-	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
-		return f.take(ctx, name, &o)
-	})
 }
 
 // take makes attempts until one gets the lock, in backend.Wait. The
@@ -681,10 +679,10 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
 	}
-	if f.err != nil {
-		return lock.Info{}, f.err
+	if f.cfg.Err != nil {
+		return lock.Info{}, f.cfg.Err
 	}
-	dir, err := f.dirOf(&f.opts)
+	dir, err := f.dirOf(&f.cfg.Options)
 	if err != nil {
 		return lock.Info{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Option configures the factory (defaults) or one call (overrides). The
@@ -93,7 +94,7 @@ func checkInterval(o *lock.Options) time.Duration {
 // invalid if it is negative.
 func duration(what string, key any, d time.Duration) Option {
 	if d < 0 {
-		return func(o *lock.Options) { o.Invalid("flock: " + what + "(" + d.String() + "): must not be negative") }
+		return func(o *lock.Options) { o.Invalid(what + "(" + d.String() + "): must not be negative") }
 	}
-	return lock.WithValue(key, d)
+	return backend.Value(backendName, what, key, d)
 }

@@ -39,10 +39,10 @@ import (
 // sweep to let go and tries again instead of reporting ErrLocked for a
 // name nobody holds.
 func (f *Factory) Sweep(ctx context.Context, idle time.Duration) (int, error) {
-	if f.err != nil {
-		return 0, f.err
+	if f.cfg.Err != nil {
+		return 0, f.cfg.Err
 	}
-	dir, err := f.dirOf(&f.opts)
+	dir, err := f.dirOf(&f.cfg.Options)
 	if err != nil {
 		return 0, err
 	}
@@ -81,9 +81,9 @@ func (f *Factory) autoSweep(dir string, d time.Duration) {
 		defer f.wg.Done()
 		n, err := sweepDir(f.ctx, dir, d)
 		if err != nil || n > 0 {
-			log := backend.Log(&f.opts).Debug
+			log := backend.Log(&f.cfg.Options).Debug
 			if err != nil && !errors.Is(err, context.Canceled) {
-				log = backend.Log(&f.opts).Warn
+				log = backend.Log(&f.cfg.Options).Warn
 			}
 			log("flock: swept lock directory", "dir", dir, "removed", n, "err", err)
 		}

@@ -759,8 +759,9 @@ func (s *suite) leaseExpiry(t *testing.T) {
 	}
 	s.mustRelease(t, h2)
 
-	// Renewed in the background, the lock outlives several TTLs.
-	h = s.mustAcquire(t, s.New(t, lock.WithTTL(s.TTL), lock.WithAutoRenew(true)), name)
+	// By default the lease renews in the background (lock.WithAutoRenew):
+	// the lock outlives several TTLs.
+	h = s.mustAcquire(t, s.New(t, lock.WithTTL(s.TTL)), name)
 	select {
 	case <-h.Done():
 		t.Fatalf("an auto-renewed lock was lost: %v", h.Err())

@@ -36,7 +36,7 @@ type toyHolder struct {
 	state *backend.State
 }
 
-func (t *toy) acquire(ctx context.Context, name string, opts []lock.Option) (*toyHolder, error) {
+func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*toyHolder, error) {
 	if _, err := lock.Apply(lock.Options{}, opts...); err != nil {
 		return nil, err
 	}
@@ -74,9 +74,7 @@ func runToy(t *testing.T, admit int, repeat bool) {
 	toy := &toy{held: map[string]int{}, tokens: map[string]uint64{}, admit: admit, repeatTokens: repeat}
 	locktest.Run(t, locktest.Backend{
 		New: func(_ testing.TB, opts ...lock.Option) lock.Locker {
-			return backend.Locker(func(ctx context.Context, name string) (*toyHolder, error) {
-				return toy.acquire(ctx, name, opts)
-			})
+			return backend.Locker(&backend.Config{Backend: "toy"}, opts, toy.acquire)
 		},
 		ErrLocked:   errLocked,
 		ErrLockLost: errLost,

@@ -42,7 +42,7 @@ func ExampleFactory_ForceLoss() {
 // A ManualClock expires leases without sleeping.
 func ExampleManualClock() {
 	clock := memlock.NewManualClock(time.Now())
-	locks := memlock.NewFactory(memlock.WithClock(clock), memlock.WithTTL(5*time.Minute))
+	locks := memlock.NewFactory(memlock.WithClock(clock), memlock.WithTTL(5*time.Minute), memlock.WithAutoRenew(false))
 	h, _ := locks.Acquire(context.Background(), "daily-export")
 	clock.Advance(5 * time.Minute)
 	<-h.Done()

@@ -28,7 +28,7 @@ func TestLossPrecedesHandoff(t *testing.T) {
 			for i := range rounds {
 				var opts []memlock.Option
 				if how == "ttl" {
-					opts = append(opts, memlock.WithTTL(time.Second))
+					opts = append(opts, memlock.WithTTL(time.Second), memlock.WithAutoRenew(false))
 				}
 				old, err := f.Acquire(ctx, "h", opts...)
 				if err != nil {

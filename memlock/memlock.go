@@ -31,8 +31,7 @@ const backendName = "memlock"
 // Factory hands out locks kept in its own memory. Two factories never
 // contend; share one factory between the parts of a test that should.
 type Factory struct {
-	opts  lock.Options
-	err   error
+	cfg   backend.Config
 	clock Clock
 
 	mu     sync.Mutex
@@ -50,7 +49,6 @@ type entry struct {
 type waiter struct {
 	limit int
 	opts  *lock.Options
-	renew bool
 	ctx   context.Context
 	start time.Time
 	grant chan *Holder // buffered 1; receives the holder when granted
@@ -59,9 +57,8 @@ type waiter struct {
 // NewFactory returns a factory whose options are the defaults for every
 // call. An invalid option is reported by the first Acquire.
 func NewFactory(opts ...Option) *Factory {
-	o, err := lock.Apply(lock.Options{}, opts...)
-	f := &Factory{opts: o, err: err, clock: systemClock{}, names: map[string]*entry{}, tokens: map[string]uint64{}}
-	if c, ok := o.Value(clockKey{}).(Clock); ok {
+	f := &Factory{cfg: backend.NewConfig(backendName, opts, nil), clock: systemClock{}, names: map[string]*entry{}, tokens: map[string]uint64{}}
+	if c, ok := f.cfg.Options.Value(clockKey{}).(Clock); ok {
 		f.clock = c
 	}
 	return f
@@ -71,18 +68,18 @@ func NewFactory(opts ...Option) *Factory {
 // at once, or with WithWait waits in FIFO order until a permit is handed to
 // it or ctx ends.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return f.acquire(ctx, name, false, opts)
-}
-
-func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
 	start := time.Now()
-	o, err := backend.Resolve(f.opts, f.err, name, opts, nil)
+	o, err := f.cfg.Resolve(name, opts, nil)
 	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
-		return f.take(ctx, name, &o, o.Renew(renew))
+		return f.take(ctx, name, &o)
 	})
 }
 
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
+// Err returns the error of the factory's options, which every Acquire
+// also returns; nil when the factory is usable. Check it at start-up.
+func (f *Factory) Err() error { return f.cfg.Err }
+
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -102,7 +99,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		return nil, 0, fmt.Errorf("memlock: %w: %q has limit %d, caller asked for %d", lock.ErrLimitMismatch, name, e.limit, limit)
 	}
 	if len(e.holders) < e.limit && e.waiters.Len() == 0 {
-		h := f.grantLocked(ctx, name, e, o, renew)
+		h := f.grantLocked(ctx, name, e, o)
 		f.mu.Unlock()
 		return h, 0, nil
 	}
@@ -110,7 +107,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		f.mu.Unlock()
 		return nil, 0, ErrLocked
 	}
-	w := &waiter{limit: limit, opts: o, renew: renew, ctx: ctx, start: time.Now(), grant: make(chan *Holder, 1)}
+	w := &waiter{limit: limit, opts: o, ctx: ctx, start: time.Now(), grant: make(chan *Holder, 1)}
 	el := e.waiters.PushBack(w)
 	f.mu.Unlock()
 
@@ -138,14 +135,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 }
 
 // grantLocked makes a new holder of name. f.mu is held.
-func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *lock.Options, renew bool) *Holder {
+func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *lock.Options) *Holder {
 	f.tokens[name]++
 	h := &Holder{
 		f: f, name: name, e: e, opts: o, token: f.tokens[name],
 		state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: f.clock.Now(),
 	}
 	e.holders[h] = struct{}{}
-	if o.TTL > 0 && !renew {
+	if o.TTL > 0 && o.NoAutoRenew {
 		h.expires = h.since.Add(o.TTL)
 		h.stop = f.clock.AfterFunc(o.TTL, h.expire)
 	}
@@ -171,7 +168,7 @@ func (f *Factory) removeLocked(h *Holder, loss error) bool {
 	}
 	for len(h.e.holders) < h.e.limit && h.e.waiters.Len() > 0 {
 		w := h.e.waiters.Remove(h.e.waiters.Front()).(*waiter)
-		w.grant <- f.grantLocked(w.ctx, h.name, h.e, w.opts, w.renew)
+		w.grant <- f.grantLocked(w.ctx, h.name, h.e, w.opts)
 	}
 	f.dropIfIdleLocked(h.name, h.e)
 	return true
@@ -183,19 +180,15 @@ func (f *Factory) dropIfIdleLocked(name string, e *entry) {
 	}
 }
 
-// WithLock runs fn while holding name; see lock.WithLock. Leases renew
-// automatically unless WithAutoRenew(false) is given.
+// WithLock runs fn while holding name; see lock.WithLock.
 func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
 	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
 }
 
 // AsLocker returns the factory as a lock.Locker whose every Acquire uses
-// opts. Its holders are *Holder values; leases renew automatically unless
-// WithAutoRenew(false) is given.
+// opts. Its holders are *Holder values.
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
-	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
-		return f.acquire(ctx, name, true, opts)
-	})
+	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
 // Inspect reports the current holders of name.

@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 
 func TestManualClockExpiresLease(t *testing.T) {
 	clock := memlock.NewManualClock(time.Unix(0, 0))
-	f := memlock.NewFactory(memlock.WithClock(clock), memlock.WithTTL(time.Minute))
+	f := memlock.NewFactory(memlock.WithClock(clock), memlock.WithTTL(time.Minute), memlock.WithAutoRenew(false))
 	ctx := context.Background()
 	h, err := f.Acquire(ctx, "job")
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Option configures the factory (defaults) or one call (overrides). The
@@ -21,13 +22,14 @@ func WithWait() Option { return lock.WithWait() }
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
 func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 
-// WithTTL gives each lock a lease: a holder that neither releases nor
+// WithTTL gives each lock a lease of d, renewed while held unless
+// WithAutoRenew(false) is given: then a holder that neither releases nor
 // extends within d loses the lock. Without a TTL memlock locks never expire.
 func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 
-// WithAutoRenew keeps leases alive while held; it is on inside WithLock and
-// AsLocker and off for Acquire. A renewed lock is lost only through
-// ForceLoss or Close.
+// WithAutoRenew(false) lets a lease run out one TTL after Acquire or the
+// last Extend; see lock.WithAutoRenew. A renewed lock (the default) is lost
+// only through ForceLoss or Close.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
 // WithOwner records who holds the lock, for Inspect.
@@ -46,7 +48,7 @@ type clockKey struct{}
 
 // WithClock makes leases expire by c instead of the system clock. It is a
 // factory option.
-func WithClock(c Clock) Option { return lock.WithValue(clockKey{}, c) }
+func WithClock(c Clock) Option { return backend.Value(backendName, "WithClock", clockKey{}, c) }
 
 // A Clock tells time and runs functions later. ManualClock is the one for
 // tests.

@@ -99,14 +99,14 @@ type store struct {
 }
 
 func newStore(pool *pgxpool.Pool, table string, opts []Option) *store {
-	o, err := lock.Apply(lock.Options{}, opts...)
+	o, err := lock.Apply(backend.Options(backendName), opts...)
 	if err == nil {
 		err = checkCall(&o)
 	}
 	if pool == nil {
 		err = errors.Join(err, fmt.Errorf("pglock: %w: nil *pgxpool.Pool", lock.ErrInvalidOption))
 	}
-	schema := factoryConfig(&o).schema
+	schema := factorySettings(&o).schema
 	return &store{pool: pool, err: err, schema: schema, table: table, ns: o.KeyPrefix,
 		q: pgx.Identifier{schema, table}.Sanitize()}
 }

@@ -27,18 +27,18 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
 	}
-	if f.err != nil {
-		return lock.Info{}, f.err
+	if f.cfg.Err != nil {
+		return lock.Info{}, f.cfg.Err
 	}
 	info := lock.Info{Name: name}
-	prefix := f.opts.KeyPrefix
+	prefix := f.cfg.Options.KeyPrefix
 	k := keysOf(prefix, name)
-	actx, cancel := context.WithTimeout(ctx, f.cfg.connectTimeout)
+	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
 	pc, err := f.pool.Acquire(actx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return info, fmt.Errorf("%w within %v: %w", ErrPoolExhausted, f.cfg.connectTimeout, err)
+			return info, fmt.Errorf("%w within %v: %w", ErrPoolExhausted, f.set.connectTimeout, err)
 		}
 		return info, fmt.Errorf("pglock: inspect: %w", err)
 	}

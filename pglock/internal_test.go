@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/internal/testenv"
 )
 
@@ -93,7 +94,7 @@ func TestIdleSessionsClose(t *testing.T) {
 	pool := testPool(t)
 	f := NewFactory(pool, WithLogger(nil), WithHealthInterval(50*time.Millisecond))
 	defer f.Close()
-	f.cfg.idleClose = 200 * time.Millisecond
+	f.set.idleClose = 200 * time.Millisecond
 	ctx := context.Background()
 	h, err := f.Acquire(ctx, t.Name())
 	if err != nil {
@@ -134,7 +135,7 @@ func TestIdleListenerCloses(t *testing.T) {
 	app := fmt.Sprintf("pglock-idle-listener-%d", time.Now().UnixNano())
 	f := NewFactory(pool, WithLogger(nil), WithHealthInterval(50*time.Millisecond), WithApplicationName(app))
 	defer f.Close()
-	f.cfg.idleClose = 200 * time.Millisecond
+	f.set.idleClose = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, err := f.Acquire(ctx, t.Name())
@@ -182,16 +183,16 @@ func TestIdleListenerCloses(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	f := NewFactory(nil)
 	defer f.Close()
-	want := config{
+	want := settings{
 		schema: DefaultSchema, sessions: DefaultSessions, health: DefaultHealthInterval,
 		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
-		connectTimeout: DefaultConnectTimeout, appName: "pglock", idleClose: f.cfg.idleClose,
+		connectTimeout: DefaultConnectTimeout, appName: "pglock", idleClose: f.set.idleClose,
 	}
-	if f.cfg != want || len(f.sessions) != DefaultSessions {
-		t.Errorf("config without options = %+v (%d sessions), want %+v", f.cfg, len(f.sessions), want)
+	if f.set != want || len(f.sessions) != DefaultSessions {
+		t.Errorf("config without options = %+v (%d sessions), want %+v", f.set, len(f.sessions), want)
 	}
 	for n, ok := range map[int]bool{MaxSessions: true, MaxSessions + 1: false} {
-		if _, err := lock.Apply(lock.Options{}, WithSessions(n)); (err == nil) != ok {
+		if _, err := lock.Apply(backend.Options(backendName), WithSessions(n)); (err == nil) != ok {
 			t.Errorf("WithSessions(%d): option error %v", n, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Option configures the factory (defaults) or one call (overrides). The
@@ -91,7 +92,7 @@ func WithSchema(schema string) Option {
 	if schema == "" {
 		return func(o *lock.Options) { o.Invalid(`pglock.WithSchema(""): empty schema`) }
 	}
-	return lock.WithValue(schemaKey{}, schema)
+	return backend.Value(backendName, "WithSchema", schemaKey{}, schema)
 }
 
 // WithSessions sets how many dedicated lock sessions (database
@@ -105,7 +106,7 @@ func WithSessions(n int) Option {
 	if n < 1 || n > MaxSessions {
 		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.WithSessions(%d): need 1 to %d", n, MaxSessions)) }
 	}
-	return lock.WithValue(sessionsKey{}, n)
+	return backend.Value(backendName, "WithSessions", sessionsKey{}, n)
 }
 
 // WithHealthInterval sets how often an idle lock session is checked with a
@@ -141,17 +142,19 @@ func WithConnectTimeout(d time.Duration) Option {
 // sessions and listener, which is how operators find them in
 // pg_stat_activity. Default: the pool's application_name followed by
 // "/pglock", or "pglock" when the pool sets none. Factory option.
-func WithApplicationName(name string) Option { return lock.WithValue(appNameKey{}, name) }
+func WithApplicationName(name string) Option {
+	return backend.Value(backendName, "WithApplicationName", appNameKey{}, name)
+}
 
 func duration(what string, key any, d time.Duration) Option {
 	if d <= 0 {
-		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.%s(%v): must be positive", what, d)) }
+		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("%s(%v): must be positive", what, d)) }
 	}
-	return lock.WithValue(key, d)
+	return backend.Value(backendName, what, key, d)
 }
 
-// config is the factory-level part of the options.
-type config struct {
+// settings are the factory-level part of the options.
+type settings struct {
 	schema         string
 	sessions       int
 	health         time.Duration
@@ -162,8 +165,8 @@ type config struct {
 	idleClose      time.Duration // an unused lock session is closed after this
 }
 
-func factoryConfig(o *lock.Options) config {
-	c := config{
+func factorySettings(o *lock.Options) settings {
+	c := settings{
 		schema: DefaultSchema, sessions: DefaultSessions, health: DefaultHealthInterval,
 		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
 		connectTimeout: DefaultConnectTimeout, idleClose: time.Minute,

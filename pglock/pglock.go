@@ -81,9 +81,8 @@ const backendName = "pglock"
 // process (or per pool) and share it; Close it when done.
 type Factory struct {
 	pool *pgxpool.Pool
-	opts lock.Options
-	err  error
-	cfg  config
+	cfg  backend.Config
+	set  settings
 	st   *statements
 
 	sessions []*session
@@ -146,32 +145,34 @@ func keysOf(prefix, name string) keys {
 // pool; opts are the defaults of every call. Nothing is opened until the
 // first Acquire, which also reports an invalid option or a nil pool.
 func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
-	o, err := lock.Apply(lock.Options{}, opts...)
-	if err == nil {
-		err = checkCall(&o)
+	cfg := backend.NewConfig(backendName, opts, checkCall)
+	if pool == nil {
+		cfg.Fail(fmt.Errorf("%w: nil *pgxpool.Pool", lock.ErrInvalidOption))
 	}
-	if err == nil && pool == nil {
-		err = fmt.Errorf("pglock: %w: nil *pgxpool.Pool", lock.ErrInvalidOption)
-	}
-	cfg := factoryConfig(&o)
-	if cfg.appName == "" {
-		cfg.appName = "pglock"
+	set := factorySettings(&cfg.Options)
+	if set.appName == "" {
+		set.appName = "pglock"
 		if pool != nil {
 			if app := pool.Config().ConnConfig.RuntimeParams["application_name"]; app != "" {
-				cfg.appName = app + "/pglock"
+				set.appName = app + "/pglock"
 			}
 		}
 	}
 	f := &Factory{
-		pool: pool, opts: o, err: err, cfg: cfg, st: newStatements(cfg.schema),
+		pool: pool, cfg: cfg, set: set, st: newStatements(set.schema),
 		closing: make(chan struct{}), entries: map[int64]*entry{},
 	}
-	for i := 0; i < cfg.sessions; i++ {
+	for i := 0; i < set.sessions; i++ {
 		f.sessions = append(f.sessions, newSession(f, i))
 	}
 	f.lis = newListener(f)
 	return f
 }
+
+// Err returns the error of the factory's options (or a nil pool), which
+// every Acquire also returns; nil when the factory is usable. Check it at
+// start-up.
+func (f *Factory) Err() error { return f.cfg.Err }
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits until a permit is free or ctx ends.
@@ -180,7 +181,7 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 // never leaves the result unknown.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
-	o, err := backend.Resolve(f.opts, f.err, name, opts, checkCall)
+	o, err := f.cfg.Resolve(name, opts, checkCall)
 	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
 		return f.take(ctx, name, &o)
 	})
@@ -203,9 +204,7 @@ func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context
 // AsLocker returns the factory as a lock.Locker whose every Acquire uses
 // opts. Its holders are *Holder values.
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
-	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
-		return f.Acquire(ctx, name, opts...)
-	})
+	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
 // Close releases everything the factory started: its lock sessions are
@@ -282,7 +281,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	s := f.session(e.keys)
 	waiting := backend.Waiting{
 		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
-		MinPoll: f.cfg.poll, MaxPoll: f.cfg.poll,
+		MinPoll: f.set.poll, MaxPoll: f.set.poll,
 		Subscribe: func() (backend.Subscription, error) {
 			w, err := f.registerWaiter(ctx, s, e.keys.waiters)
 			if err != nil {

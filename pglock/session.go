@@ -84,7 +84,7 @@ func (s *session) do(ctx context.Context, open bool, fn func(sc *sessionConn) er
 // use that runs out fails like a cut network (pgx closes the connection),
 // which fails the session. sem is held.
 func (s *session) use(ctx context.Context, fn func(sc *sessionConn) error) error {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.cfg.stmtTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.set.stmtTimeout)
 	defer cancel()
 	return fn(&sessionConn{s: s, c: s.conn, ctx: sctx})
 }
@@ -97,12 +97,12 @@ func (s *session) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.cfg.stmtTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.set.stmtTimeout)
 	defer cancel()
 	var pid int32
 	var syncCommit string
 	err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false)",
-		pgx.QueryExecModeSimpleProtocol, s.f.cfg.appName).Scan(&pid, &syncCommit, nil)
+		pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil)
 	if err == nil && syncCommit == "off" {
 		// A new token epoch must be flushed before its range is used: a
 		// commit that is visible must be durable.
@@ -113,7 +113,7 @@ func (s *session) open(ctx context.Context) error {
 	}
 	if err == nil {
 		// Rows of sessions that ended (Inspect ignores them anyway).
-		_, err = c.Exec(sctx, "DELETE FROM "+pgx.Identifier{s.f.cfg.schema, "pglock_holders"}.Sanitize()+
+		_, err = c.Exec(sctx, "DELETE FROM "+pgx.Identifier{s.f.set.schema, "pglock_holders"}.Sanitize()+
 			" h WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = h.pid)", pgx.QueryExecModeSimpleProtocol)
 	}
 	if err != nil {
@@ -156,7 +156,7 @@ func (f *Factory) setup(ctx context.Context, c *pgx.Conn) error {
 // connect timeout (and never past ctx) so that an exhausted pool is an
 // error, not a hang.
 func (f *Factory) hijack(ctx context.Context) (*pgx.Conn, error) {
-	actx, cancel := context.WithTimeout(ctx, f.cfg.connectTimeout)
+	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
 	defer cancel()
 	pc, err := f.pool.Acquire(actx)
 	if err != nil {
@@ -165,7 +165,7 @@ func (f *Factory) hijack(ctx context.Context) (*pgx.Conn, error) {
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("pglock: waiting for a pool connection (%d of %d in use): %w", st.AcquiredConns(), st.MaxConns(), ctx.Err())
 		case actx.Err() != nil:
-			return nil, fmt.Errorf("%w within %v (%d of %d in use): %w", ErrPoolExhausted, f.cfg.connectTimeout, st.AcquiredConns(), st.MaxConns(), err)
+			return nil, fmt.Errorf("%w within %v (%d of %d in use): %w", ErrPoolExhausted, f.set.connectTimeout, st.AcquiredConns(), st.MaxConns(), err)
 		}
 		return nil, fmt.Errorf("pglock: opening a lock session: %w", err)
 	}
@@ -315,7 +315,7 @@ func (s *session) failLocked(cause error) {
 		if errors.Is(cause, lock.ErrClosed) {
 			level = slog.LevelDebug // Close ended it, as asked
 		}
-		backend.Log(&s.f.opts).Log(context.Background(), level, "pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
+		backend.Log(&s.f.cfg.Options).Log(context.Background(), level, "pglock: lock session lost", "session", s.idx, "holders", len(hs), "err", cause)
 	}
 }
 
@@ -362,7 +362,7 @@ func (f *Factory) armHealth() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.closed && f.health == nil {
-		f.health = time.AfterFunc(f.cfg.health, f.healthTick)
+		f.health = time.AfterFunc(f.set.health, f.healthTick)
 	}
 }
 
@@ -383,7 +383,7 @@ func (f *Factory) healthTick() {
 	// A session opening now counts itself before it calls armHealth, so
 	// either this sees it or armHealth finds no timer and starts one.
 	if !f.closed && f.open.Load() > 0 {
-		f.health.Reset(f.cfg.health)
+		f.health.Reset(f.set.health)
 	} else {
 		f.health = nil
 	}
@@ -405,7 +405,7 @@ func (s *session) check() {
 	s.mu.Lock()
 	unused := len(s.holders) == 0
 	s.mu.Unlock()
-	if unused && len(s.waits) == 0 && len(s.marks) == 0 && time.Since(s.lastUsed) > s.f.cfg.idleClose {
+	if unused && len(s.waits) == 0 && len(s.marks) == 0 && time.Since(s.lastUsed) > s.f.set.idleClose {
 		s.failLocked(errors.New("pglock: lock session idle"))
 		return
 	}
@@ -423,7 +423,7 @@ func (s *session) check() {
 func (s *session) close() {
 	select {
 	case s.sem <- struct{}{}:
-	case <-time.After(s.f.cfg.stmtTimeout):
+	case <-time.After(s.f.set.stmtTimeout):
 		s.forceClose()
 		s.sem <- struct{}{}
 	}

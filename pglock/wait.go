@@ -60,7 +60,7 @@ func (f *Factory) registerWaiter(ctx context.Context, s *session, key int64) (*w
 	w := &waitReg{f: f, s: s, ctx: ctx, key: key, ch: make(chan struct{}, 1)}
 	f.lis.subscribe(w)
 	if err := f.lis.ensure(ctx); err != nil {
-		backend.Log(&f.opts).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
+		backend.Log(&f.cfg.Options).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
 	}
 	if err := f.markWaiter(w); err != nil {
 		f.lis.unsubscribe(w)
@@ -92,7 +92,7 @@ func (w *waitReg) Close() {
 		return
 	}
 	// The wait may have ended with its context.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.f.cfg.stmtTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.f.set.stmtTimeout)
 	defer cancel()
 	w.s.do(ctx, false, func(sc *sessionConn) error {
 		if sc.s.gen != w.gen.Load() {
@@ -183,7 +183,7 @@ func (l *listener) ensure(ctx context.Context) error {
 	l.mu.Lock()
 	running, closed, failed := l.running, l.closed, l.failed
 	l.mu.Unlock()
-	if running || closed || time.Since(failed) < l.f.cfg.poll {
+	if running || closed || time.Since(failed) < l.f.set.poll {
 		return nil
 	}
 	c, err := l.f.hijack(ctx)
@@ -193,9 +193,9 @@ func (l *listener) ensure(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.f.cfg.stmtTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.f.set.stmtTimeout)
 	defer cancel()
-	if _, err := c.Exec(sctx, "SELECT set_config('application_name', $1, false)", pgx.QueryExecModeSimpleProtocol, l.f.cfg.appName); err != nil {
+	if _, err := c.Exec(sctx, "SELECT set_config('application_name', $1, false)", pgx.QueryExecModeSimpleProtocol, l.f.set.appName); err != nil {
 		closeConn(c)
 		return err
 	}

@@ -56,7 +56,7 @@ type store struct {
 }
 
 func newStore(client Client, opts []Option) *store {
-	o, err := lock.Apply(lock.Options{}, opts...)
+	o, err := lock.Apply(backend.Options(backendName), opts...)
 	if isNil(client) {
 		err = errors.Join(err, fmt.Errorf("redislock: %w: nil Redis client", lock.ErrInvalidOption))
 	}

@@ -53,9 +53,9 @@ func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 // :permits, and its channel <prefix>{<escaped name>}:released.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
-// WithAutoRenew keeps leases alive in the background, at a third of the
-// TTL, from one renewal loop per factory. It is on inside WithLock and
-// AsLocker and off for Acquire, whose caller renews with Extend.
+// WithAutoRenew(false) turns off the renewal of leases in the background
+// (on by default, see lock.WithAutoRenew: at a third of the TTL, from one
+// renewal loop per factory); the caller then renews with Extend.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
 // WithOwner records who holds the lock (a job or trace id), stored with

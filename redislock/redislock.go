@@ -24,13 +24,13 @@
 //     its late Extend or Release fails with ErrLockLost without touching
 //     the successor, and its token is smaller than the successor's.
 //
-// Leases: holders from WithLock and AsLocker renew automatically, from one
-// loop per factory that pipelines the renewals of all its locks. A renewed
+// Leases: holders renew automatically (unless WithAutoRenew(false)), from
+// one loop per factory that pipelines the renewals of all its locks. A renewed
 // holder that cannot get a renewal confirmed by its deadline closes Done,
 // fails Err with ErrLockLost and cancels WithLock's context (while Redis
 // still holds the key), then removes the key; it never takes the lock back
-// by itself. Holders from Acquire do not renew unless WithAutoRenew(true)
-// is given: call Extend before the deadline. At the deadline the factory
+// by itself. Holders acquired WithAutoRenew(false) must call Extend before
+// the deadline. At the deadline the factory
 // removes the key, so the next holder need not wait for the rest of the
 // TTL, and then closes Done.
 //
@@ -51,7 +51,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"reflect"
@@ -108,8 +107,7 @@ var (
 // its goroutines still stop once nothing is held or waited for.
 type Factory struct {
 	c     Client
-	opts  lock.Options
-	err   error
+	cfg   backend.Config
 	owner string // pid@host, the default for WithOwner
 	// together: every key seems to live on one server (a *redis.Client,
 	// not a cluster or a ring client), so one script may renew many names.
@@ -129,20 +127,21 @@ type Factory struct {
 // every call. A nil client or an invalid option is reported by the first
 // Acquire.
 func NewFactory(client Client, opts ...Option) *Factory {
-	o, err := lock.Apply(lock.Options{}, opts...)
-	if err == nil {
-		err = checkTTL(o.TTL)
-	}
+	f := &Factory{c: client, cfg: backend.NewConfig(backendName, opts, checkOptions), closing: make(chan struct{}), owner: defaultOwner()}
 	if isNil(client) {
-		err = errors.Join(err, fmt.Errorf("redislock: %w: nil Redis client", lock.ErrInvalidOption))
+		f.cfg.Fail(fmt.Errorf("%w: nil Redis client", lock.ErrInvalidOption))
 	}
-	f := &Factory{c: client, opts: o, err: err, closing: make(chan struct{}), owner: defaultOwner()}
 	f.rn.f = f
 	f.hub.f = f
 	_, together := client.(*redis.Client)
 	f.together.Store(together)
 	return f
 }
+
+// Err returns the error of the factory's options (or a nil client), which
+// every Acquire also returns; nil when the factory is usable. Check it at
+// start-up.
+func (f *Factory) Err() error { return f.cfg.Err }
 
 func isNil(c Client) bool {
 	if c == nil {
@@ -163,32 +162,33 @@ func defaultOwner() string {
 
 func checkTTL(d time.Duration) error {
 	if d != 0 && d < MinTTL {
-		return fmt.Errorf("redislock: %w: WithTTL(%v) is below the minimum of %v", lock.ErrInvalidOption, d, MinTTL)
+		return fmt.Errorf("%w: WithTTL(%v) is below the minimum of %v", lock.ErrInvalidOption, d, MinTTL)
 	}
 	return nil
 }
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits until the lock is free or ctx ends. The
-// lease is not renewed unless WithAutoRenew(true) is given: call Extend.
+// lease renews in the background unless WithAutoRenew(false) is given;
+// then call Extend.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
-	return f.acquire(ctx, name, false, opts)
+	start := time.Now()
+	o, err := f.resolve(name, opts)
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, &o, !o.NoAutoRenew)
+	})
 }
 
-// WithLock runs fn while holding name; see lock.WithLock. The lease renews
-// automatically unless WithAutoRenew(false) is given, and fn's context is
+// WithLock runs fn while holding name; see lock.WithLock. fn's context is
 // cancelled if the lock is lost.
 func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
 	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
 }
 
 // AsLocker returns the factory as a lock.Locker whose every Acquire uses
-// opts. Its holders are *Holder values (so lock.Extender works on them);
-// leases renew automatically unless WithAutoRenew(false) is given.
+// opts. Its holders are *Holder values (so lock.Extender works on them).
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
-	return backend.Locker(func(ctx context.Context, name string) (*Holder, error) {
-		return f.acquire(ctx, name, true, opts)
-	})
+	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
 // keys are the Redis keys and channel of one name, all tagged with
@@ -229,7 +229,7 @@ type lease struct {
 
 // resolve applies a call's options over the factory's.
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
-	return backend.Resolve(f.opts, f.err, name, opts, checkOptions)
+	return f.cfg.Resolve(name, opts, checkOptions)
 }
 
 func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
@@ -240,14 +240,6 @@ func (f *Factory) leaseOf(o *lock.Options) lease {
 	// A string and a map of strings always marshal.
 	m, _ := json.Marshal(meta{Owner: cmp.Or(o.Owner, f.owner), Metadata: o.Metadata})
 	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: string(m)}
-}
-
-func (f *Factory) acquire(ctx context.Context, name string, renew bool, opts []Option) (*Holder, error) {
-	start := time.Now()
-	o, err := f.resolve(name, opts)
-	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
-		return f.take(ctx, name, &o, o.Renew(renew))
-	})
 }
 
 // probe fails when Redis does not answer (the Client interface has no

@@ -248,7 +248,7 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	ctx := ctxT(t)
 	name := uniq(t, "x")
 	k := keysFor(testPrefix, name)
-	ls := f.leaseOf(&f.opts)
+	ls := f.leaseOf(&f.cfg.Options)
 	id := newID()
 	a1, err1 := f.try(ctx, k, id, ls)
 	a2, err2 := f.try(ctx, k, id, ls)
