@@ -244,7 +244,7 @@ func TestFenceStaleWriter(t *testing.T) {
 	defer cancel()
 	fa := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
 	fb := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
-	a, err := fa.Acquire(ctx, "export", filelock.WithStaleAfter(200*time.Millisecond))
+	a, err := fa.Acquire(ctx, "export", filelock.WithStaleAfter(200*time.Millisecond), filelock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -470,6 +470,8 @@ func (s *suite) badOptions(t *testing.T) {
 		{"WithTTL(0)", lock.WithTTL(0)},
 		{"WithTTL(-1s)", lock.WithTTL(-time.Second)},
 		{"WithWaitTimeout(0)", lock.WithWaitTimeout(0)},
+		// An option of another backend would be silently ignored.
+		{"another backend's option", backend.Value("locktest-other", "WithX", foreignKey{}, 1)},
 	} {
 		h, err := s.New(t, tc.opt).Acquire(ctxT(t), s.name(t, "x"))
 		if err == nil {
@@ -477,8 +479,23 @@ func (s *suite) badOptions(t *testing.T) {
 			t.Errorf("Acquire with %s succeeded; want ErrInvalidOption", tc.what)
 		} else if !errors.Is(err, lock.ErrInvalidOption) {
 			t.Errorf("Acquire with %s = %v; want ErrInvalidOption", tc.what, err)
+		} else if want := s.prefix() + lock.ErrInvalidOption.Error() + ": "; !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("Acquire with %s = %q; want the shape %q + detail", tc.what, err, want)
 		}
 	}
+	_, err := s.New(t).Acquire(ctxT(t), "")
+	if want := s.prefix() + lock.ErrInvalidName.Error(); !errors.Is(err, lock.ErrInvalidName) || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf(`Acquire("") = %v; want ErrInvalidName, said as %q + detail`, err, want)
+	}
+}
+
+type foreignKey struct{}
+
+// prefix is how the backend's errors begin, "<backend>: ", taken from
+// its ErrLocked: every error reads "<backend>: <root sentinel>: detail".
+func (s *suite) prefix() string {
+	b, _, _ := strings.Cut(s.ErrLocked.Error(), ": ")
+	return b + ": "
 }
 
 func (s *suite) wait(t *testing.T) {

@@ -22,6 +22,7 @@ var (
 // toy is a small locker whose flaws the self-test switches on, to prove the
 // suite notices them.
 type toy struct {
+	cfg          backend.Config
 	mu           sync.Mutex
 	held         map[string]int
 	tokens       map[string]uint64
@@ -37,10 +38,7 @@ type toyHolder struct {
 }
 
 func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*toyHolder, error) {
-	if _, err := lock.Apply(lock.Options{}, opts...); err != nil {
-		return nil, err
-	}
-	if err := lock.ValidateName(name); err != nil {
+	if _, err := t.cfg.Resolve(name, opts, nil); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -71,10 +69,10 @@ func (h *toyHolder) Done() <-chan struct{} { return h.state.Done() }
 func (h *toyHolder) Err() error            { return h.state.Err() }
 
 func runToy(t *testing.T, admit int, repeat bool) {
-	toy := &toy{held: map[string]int{}, tokens: map[string]uint64{}, admit: admit, repeatTokens: repeat}
+	toy := &toy{cfg: backend.NewConfig("toy", nil, nil), held: map[string]int{}, tokens: map[string]uint64{}, admit: admit, repeatTokens: repeat}
 	locktest.Run(t, locktest.Backend{
 		New: func(_ testing.TB, opts ...lock.Option) lock.Locker {
-			return backend.Locker(&backend.Config{Backend: "toy"}, opts, toy.acquire)
+			return backend.Locker(&toy.cfg, opts, toy.acquire)
 		},
 		ErrLocked:   errLocked,
 		ErrLockLost: errLost,

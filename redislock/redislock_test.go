@@ -278,15 +278,15 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	}
 }
 
-// A bare Acquire does not renew: the holder sees the loss on its own, and
-// the name is free again.
-func TestBareAcquireLeaseEnds(t *testing.T) {
+// A lease acquired WithAutoRenew(false) and not extended ends: the holder
+// sees the loss on its own, and the name is free again.
+func TestUnrenewedLeaseEnds(t *testing.T) {
 	rdb := newClient(t)
 	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(time.Second), WithLogger(nil))
 	defer f.Close()
 	ctx := ctxT(t)
 	name := uniq(t, "x")
-	h, err := f.Acquire(ctx, name)
+	h, err := f.Acquire(ctx, name, WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
