@@ -342,11 +342,22 @@ func TestWaitReportsWaitTime(t *testing.T) {
 	})
 	f, _ := newFactory(t, flock.WithObserver(obs))
 	h := mustAcquire(t, f, "w")
-	done := make(chan *flock.Holder)
-	go func() { done <- mustAcquire(t, f, "w", flock.WithWait()) }()
+	type result struct {
+		h   *flock.Holder
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		w, err := f.Acquire(context.Background(), "w", flock.WithWait())
+		done <- result{w, err}
+	}()
 	waitForWaiters(t, 1)
 	h.Release()
-	(<-done).Release()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("waiting Acquire: %v", r.err)
+	}
+	r.h.Release()
 	if waited.Load() == 0 {
 		t.Fatal("no Wait reported for an Acquire that waited")
 	}
