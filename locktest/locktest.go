@@ -1049,8 +1049,13 @@ func (s *suite) close(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	if s.Wait {
-		if err := <-errc; !errors.Is(err, lock.ErrClosed) {
-			t.Errorf("a waiting Acquire after Close: %v; want an error matching lock.ErrClosed", err)
+		select {
+		case err := <-errc:
+			if !errors.Is(err, lock.ErrClosed) {
+				t.Errorf("a waiting Acquire after Close: %v; want an error matching lock.ErrClosed", err)
+			}
+		case <-time.After(s.LossBound):
+			t.Errorf("a waiting Acquire still waits %v after Close", s.LossBound)
 		}
 	}
 	eventually(t, h.Done(), s.LossBound, "a holder ending after Close")
