@@ -97,9 +97,7 @@ func dialRedis(ctx context.Context, rts *rtCounter) (*redis.Client, error) {
 		o.Dialer = rts.dial(d.DialContext)
 	}
 	rdb := redis.NewClient(o)
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
+	if err := testenv.Ping(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }); err != nil {
 		rdb.Close()
 		return nil, err
 	}
@@ -119,11 +117,9 @@ func dialPostgres(ctx context.Context, maxConns int32, rts *rtCounter) (*pgxpool
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err == nil {
-		err = pool.Ping(ctx)
+		err = testenv.Ping(ctx, pool.Ping)
 	}
 	if err != nil {
 		if pool != nil {
@@ -144,9 +140,10 @@ func dialEtcd(ctx context.Context, opts ...grpc.DialOption) (*clientv3.Client, e
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := cli.Get(ctx, "ubgo-lock-bench-probe"); err != nil {
+	if err := testenv.Ping(ctx, func(ctx context.Context) error {
+		_, err := cli.Get(ctx, "ubgo-lock-bench-probe")
+		return err
+	}); err != nil {
 		cli.Close()
 		return nil, err
 	}

@@ -60,11 +60,11 @@ func sharedPool(t testing.TB) *pgxpool.Pool {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.pool == nil && shared.errs["postgres"] == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		p, err := pgxpool.New(ctx, testenv.PostgresDSN())
+		p, err := pgxpool.New(context.Background(), testenv.PostgresDSN())
 		if err == nil {
-			err = p.Ping(ctx)
+			if err = testenv.Ping(context.Background(), p.Ping); err != nil {
+				p.Close()
+			}
 		}
 		if err != nil {
 			setErr("postgres", err)
@@ -86,9 +86,7 @@ func sharedRedis(t testing.TB) *redis.Client {
 		// their prefix, which on a busy database 0 means scanning every
 		// other test's keys.
 		c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(), DB: 9})
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := c.Ping(ctx).Err(); err != nil {
+		if err := testenv.Ping(context.Background(), func(ctx context.Context) error { return c.Ping(ctx).Err() }); err != nil {
 			c.Close()
 			setErr("redis", err)
 		} else {
@@ -107,9 +105,10 @@ func sharedEtcd(t testing.TB) *clientv3.Client {
 	if shared.etcd == nil && shared.errs["etcd"] == nil {
 		c, err := clientv3.New(clientv3.Config{Endpoints: testenv.EtcdEndpoints(), DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
 		if err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err = c.Get(ctx, "chaos-probe")
-			cancel()
+			err = testenv.Ping(context.Background(), func(ctx context.Context) error {
+				_, err := c.Get(ctx, "chaos-probe")
+				return err
+			})
 			if err != nil {
 				c.Close()
 			}

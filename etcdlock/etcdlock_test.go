@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/etcdlock"
 	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
@@ -21,6 +22,7 @@ func TestConformance(t *testing.T) {
 	cli := client(t)
 	operator := client(t)
 	prefix := testPrefix(t)
+	inspector := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
 	locktest.Run(t, locktest.Backend{
 		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
 			return factory(t, cli, etcdlock.WithKeyPrefix(prefix)).AsLocker(opts...)
@@ -48,6 +50,23 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
+		// Holders and waiters each have a key in the name's directory.
+		Waiting: func(name string) int {
+			ctx := context.Background()
+			resp, err := operator.Get(ctx, prefix+backend.Escape(name)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil {
+				return 0
+			}
+			info, err := inspector.Inspect(ctx, name)
+			if err != nil {
+				return 0
+			}
+			return int(resp.Count) - len(info.Holders)
+		},
+		NewFactory: func(t testing.TB) locktest.Factory {
+			return factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+		},
+		Name: "etcdlock",
 	})
 }
 
@@ -225,42 +244,6 @@ func TestInspectDetails(t *testing.T) {
 		t.Fatalf("since %v", hi.Since)
 	}
 	h.Release()
-}
-
-// Close frees the factory's locks, and the holders see the loss.
-func TestClose(t *testing.T) {
-	cli := client(t)
-	prefix := testPrefix(t)
-	f := etcdlock.NewFactory(cli, etcdlock.WithKeyPrefix(prefix))
-	ctx := ctxT(t, time.Minute)
-	h, err := f.Acquire(ctx, "closed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiting := make(chan error, 1)
-	go func() {
-		_, err := f.Acquire(ctx, "closed", etcdlock.WithWait())
-		waiting <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-waiting; !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("waiter after Close: %v; want ErrClosed", err)
-	}
-	if !errors.Is(h.Err(), lock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
-		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
-	}
-	if _, err := f.Acquire(ctx, "x"); !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("Acquire after Close: %v", err)
-	}
-	g := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-	h2, err := g.Acquire(ctx, "closed")
-	if err != nil {
-		t.Fatalf("lock not freed by Close: %v", err)
-	}
-	h2.Release()
 }
 
 // Key names are used again, so that a busy name does not fill etcd's index

@@ -130,25 +130,12 @@ func TestFenceAndLedgerBadInput(t *testing.T) {
 	}
 }
 
-// A replica that starts after the first one finished and released finds
-// the work recorded, through its own client and factory, and does not run it.
+// Replicas of lock.RunOnce, each with its own client, factory and ledger.
 func TestRunOnceLateReplica(t *testing.T) {
-	ctx := ctxT(t, time.Minute)
 	prefix := storePrefix(t)
-	runs := 0
-	replica := func() (bool, error) {
-		cli := client(t)
-		f := etcdlock.NewFactory(cli, etcdlock.WithKeyPrefix(prefix), etcdlock.WithLogger(nil))
-		defer f.Close()
-		return lock.RunOnce(ctx, f.AsLocker(etcdlock.WithWait()), etcdlock.NewLedger(cli, etcdlock.WithKeyPrefix(prefix)), "migrate",
-			func(ctx context.Context) error { runs++; return nil })
-	}
-	if ran, err := replica(); !ran || err != nil {
-		t.Fatalf("first replica: ran %v err %v", ran, err)
-	}
-	if ran, err := replica(); ran || err != nil || runs != 1 {
-		t.Fatalf("late replica: ran %v err %v, fn ran %d times", ran, err, runs)
-	}
+	locktest.RunOnceReplicas(t, func(t testing.TB, opts ...lock.Option) lock.Locker {
+		return factory(t, client(t), etcdlock.WithKeyPrefix(prefix), etcdlock.WithLogger(nil)).AsLocker(opts...)
+	}, func(t testing.TB) lock.Ledger { return etcdlock.NewLedger(client(t), etcdlock.WithKeyPrefix(prefix)) })
 }
 
 // Holder A, on a lease only Extend renews, stops extending: its lease runs

@@ -23,13 +23,19 @@ func dial(t testing.TB, endpoints []string) (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := cli.Get(ctx, "ubgo-lock-probe"); err != nil {
+	if err := testenv.Ping(context.Background(), probe(cli)); err != nil {
 		cli.Close()
 		return nil, err
 	}
 	return cli, nil
+}
+
+// probe is a round trip to etcd through cli, for testenv.Ping.
+func probe(cli *clientv3.Client) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := cli.Get(ctx, "ubgo-lock-probe")
+		return err
+	}
 }
 
 // client returns a client of the shared test server, closed at cleanup.

@@ -4,7 +4,11 @@ package filelock
 
 import (
 	"os"
+	"path/filepath"
 	"sync"
+
+	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/dirwatch"
 )
 
 // syncHook is what SetSyncHook installs; the wrapper below is in place for
@@ -37,4 +41,14 @@ func SetSyncHook(fn func(path string) error) {
 	syncHook.Lock()
 	syncHook.fn = fn
 	syncHook.Unlock()
+}
+
+// Waiting is how many Acquires of this process wait on name in dir, so
+// tests can act once a waiter waits.
+func Waiting(dir, name string) int {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return 0
+	}
+	return dirwatch.Subscribers(abs, backend.Escape(name))
 }

@@ -215,24 +215,12 @@ func TestFenceAcrossProcesses(t *testing.T) {
 	}
 }
 
-// A replica that starts after the first one finished and released finds
-// the work recorded, through its own factory and ledger, and does not run it.
+// Replicas of lock.RunOnce, each with its own factory and ledger.
 func TestRunOnceLateReplica(t *testing.T) {
 	dir := t.TempDir()
-	ctx := context.Background()
-	runs := 0
-	replica := func() (bool, error) {
-		f := filelock.NewFactory(filelock.WithDir(dir), filelock.WithLogger(nil))
-		defer f.Close()
-		return lock.RunOnce(ctx, f.AsLocker(filelock.WithWait()), filelock.NewLedger(filelock.WithDir(dir)), "migrate",
-			func(ctx context.Context) error { runs++; return nil })
-	}
-	if ran, err := replica(); !ran || err != nil {
-		t.Fatalf("first replica: ran %v err %v", ran, err)
-	}
-	if ran, err := replica(); ran || err != nil || runs != 1 {
-		t.Fatalf("late replica: ran %v err %v, fn ran %d times", ran, err, runs)
-	}
+	locktest.RunOnceReplicas(t, func(t testing.TB, opts ...lock.Option) lock.Locker {
+		return newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)).AsLocker(opts...)
+	}, func(t testing.TB) lock.Ledger { return filelock.NewLedger(filelock.WithDir(dir)) })
 }
 
 // Holder A, on a short lease it does not refresh (a process that hangs),

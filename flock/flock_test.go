@@ -43,6 +43,11 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		LossBound: 5 * time.Second,
+		// flock counts the waiters of the whole process; the suite's
+		// tests run one at a time.
+		Waiting:    func(string) int { return int(flock.Waiters()) },
+		NewFactory: func(t testing.TB) locktest.Factory { return factory(t) },
+		Name:       "flock",
 	})
 }
 
@@ -274,32 +279,6 @@ func TestUnwritableDir(t *testing.T) {
 	}
 }
 
-func TestCloseLosesHoldersAndWaiters(t *testing.T) {
-	f, _ := newFactory(t)
-	ctx := context.Background()
-	h := mustAcquire(t, f, "c")
-	errc := make(chan error)
-	go func() {
-		_, err := f.Acquire(ctx, "c", flock.WithWait())
-		errc <- err
-	}()
-	waitForWaiters(t, 1)
-	f.Close()
-	if err := <-errc; !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("waiter after Close: %v", err)
-	}
-	<-h.Done()
-	if !errors.Is(h.Err(), flock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) || !errors.Is(h.Release(), lock.ErrLockLost) {
-		t.Fatalf("holder after Close: %v", h.Err())
-	}
-	if _, err := f.Acquire(ctx, "d"); !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("Acquire after Close: %v", err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A lock file deleted behind the holder's back is a lost lock: WithLock's
 // context is cancelled, and a late Release frees nothing.
 func TestDeletedFileIsLoss(t *testing.T) {
@@ -315,50 +294,6 @@ func TestDeletedFileIsLoss(t *testing.T) {
 	})
 	if !errors.Is(err, flock.ErrLockLost) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("WithLock = %v", err)
-	}
-}
-
-func TestObserver(t *testing.T) {
-	var mu sync.Mutex
-	var got []lock.Event
-	obs := lock.ObserverFunc(func(_ context.Context, e lock.Event) {
-		mu.Lock()
-		got = append(got, e)
-		mu.Unlock()
-	})
-	f, _ := newFactory(t, flock.WithObserver(obs), flock.WithCheckInterval(5*time.Millisecond))
-	ctx := context.Background()
-	h := mustAcquire(t, f, "o")
-	f.Acquire(ctx, "o")
-	h.Release()
-	h = mustAcquire(t, f, "o")
-	os.Remove(h.Path())
-	<-h.Done()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		mu.Lock() // the loss is reported just after Done closes
-		n := len(got)
-		mu.Unlock()
-		if n >= 5 || time.Now().After(deadline) {
-			break
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	want := []struct {
-		op  lock.Op
-		out lock.Outcome
-	}{{lock.OpAcquire, lock.OutcomeOK}, {lock.OpAcquire, lock.OutcomeLocked}, {lock.OpRelease, lock.OutcomeOK},
-		{lock.OpAcquire, lock.OutcomeOK}, {lock.OpLost, lock.OutcomeLost}}
-	if len(got) != len(want) {
-		t.Fatalf("events %+v", got)
-	}
-	for i, w := range want {
-		if got[i].Op != w.op || got[i].Outcome != w.out || got[i].Backend != "flock" || got[i].Name != "o" {
-			t.Errorf("event %d = %+v, want %v/%v", i, got[i], w.op, w.out)
-		}
-	}
-	if got[0].Token == 0 || got[2].Held <= 0 || got[2].Token != got[0].Token || got[4].Held <= 0 {
-		t.Errorf("tokens and durations missing: %+v", got)
 	}
 }
 
@@ -407,11 +342,22 @@ func TestWaitReportsWaitTime(t *testing.T) {
 	})
 	f, _ := newFactory(t, flock.WithObserver(obs))
 	h := mustAcquire(t, f, "w")
-	done := make(chan *flock.Holder)
-	go func() { done <- mustAcquire(t, f, "w", flock.WithWait()) }()
+	type result struct {
+		h   *flock.Holder
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		w, err := f.Acquire(context.Background(), "w", flock.WithWait())
+		done <- result{w, err}
+	}()
 	waitForWaiters(t, 1)
 	h.Release()
-	(<-done).Release()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("waiting Acquire: %v", r.err)
+	}
+	r.h.Release()
 	if waited.Load() == 0 {
 		t.Fatal("no Wait reported for an Acquire that waited")
 	}

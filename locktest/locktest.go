@@ -58,6 +58,27 @@ type Backend struct {
 	Broken func(t testing.TB, opts ...lock.Option) lock.Locker
 	// Workers and Rounds size the mutual exclusion test. Defaults 8 and 25.
 	Workers, Rounds int
+
+	// Waiting, if set, reports how many Acquires are waiting on name in
+	// the store New uses (it may count more, never fewer). Tests that need
+	// a waiter to be waiting wait for it to say so, and fail if it never
+	// does; without it they give the waiter a moment and hope.
+	Waiting func(name string) int
+	// NewFactory, if set, returns a factory for the Close test: of the
+	// store New uses where there is one; closing it must not affect
+	// lockers from New. Every backend's *Factory is one. A factory with a
+	// method Waiting(name string) int counts its own waiters with it;
+	// others are counted by Waiting.
+	NewFactory func(t testing.TB) Factory
+	// Name is the backend's name in lock.Event.Backend. If set, the
+	// Observer test runs, giving lock.WithObserver to New.
+	Name string
+}
+
+// Factory is what the Close test needs of a backend's factory.
+type Factory interface {
+	AsLocker(opts ...lock.Option) lock.Locker
+	Close() error
 }
 
 // Run runs the conformance suite against b.
@@ -99,6 +120,8 @@ func Run(t *testing.T, b Backend) {
 	t.Run("LeaseExpiry", s.leaseExpiry)
 	t.Run("Loss", s.loss)
 	t.Run("Inspect", s.inspect)
+	t.Run("Observer", s.observer)
+	t.Run("Close", s.close)
 	t.Run("Leaks", s.leaks)
 }
 
@@ -291,23 +314,33 @@ func (s *suite) hammer(t *testing.T, name string, limit int, opts ...lock.Option
 
 func (s *suite) mutualExclusion(t *testing.T) { s.hammer(t, s.name(t, "x"), 1) }
 
+// tokens: tokens rise strictly from acquire to acquire, and a holder's
+// token stays what it was at acquire while others contend for the name
+// and, where it can, the holder extends its lease.
 func (s *suite) tokens(t *testing.T) {
 	a, b := s.New(t), s.New(t)
 	name := s.name(t, "x")
 	var last uint64
 	for i := 0; i < 20; i++ {
-		l := a
+		l, other := a, b
 		if i%2 == 1 {
-			l = b
+			l, other = b, a
 		}
 		h := s.mustAcquire(t, l, name)
-		if tok := h.Token(); tok == 0 || tok <= last {
+		tok := h.Token()
+		if tok == 0 || tok <= last {
 			t.Fatalf("acquire %d: token %d after %d; want > 0 and strictly increasing", i, tok, last)
 		}
-		last = h.Token()
-		if h.Token() != last {
-			t.Fatal("Token changed while held")
+		s.mustBeLocked(t, other, name)
+		if e, ok := h.(lock.Extender); ok && s.Extend {
+			if err := e.Extend(ctxT(t)); err != nil {
+				t.Fatalf("Extend of a held lock: %v", err)
+			}
 		}
+		if got := h.Token(); got != tok {
+			t.Fatalf("acquire %d: Token changed while held: %d at acquire, %d after another client's attempt", i, tok, got)
+		}
+		last = tok
 		s.mustRelease(t, h)
 	}
 }
@@ -498,40 +531,66 @@ func (s *suite) prefix() string {
 	return b + ": "
 }
 
+// waitQueued returns once n Acquires wait on name, as the Waiting hook
+// counts them, failing if they do not within a generous bound. Without
+// the hook it gives them a moment, which proves nothing.
+func (s *suite) waitQueued(t testing.TB, name string, n int) {
+	t.Helper()
+	waitCounted(t, s.Waiting, name, n)
+}
+
+func waitCounted(t testing.TB, waiting func(string) int, name string, n int) {
+	t.Helper()
+	if waiting == nil {
+		time.Sleep(50 * time.Millisecond)
+		return
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting(name) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Acquires waiting on %q after 30s, want %d", waiting(name), name, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// wait: a waiting Acquire waits while the lock is held and gets it after
+// the release. The waiter itself records whether the release had begun
+// when it got the lock, so a waiter let in early is caught whenever it
+// comes in.
 func (s *suite) wait(t *testing.T) {
 	if !s.Wait {
 		t.Skip("backend does not claim WithWait")
 	}
 	name := s.name(t, "x")
 	h := s.mustAcquire(t, s.New(t), name)
-	var released atomic.Bool
+	var releasing atomic.Bool
 	type result struct {
-		h   lock.Holder
-		err error
+		h     lock.Holder
+		err   error
+		early bool // got the lock before Release was called
 	}
 	got := make(chan result, 1)
+	w := s.New(t, lock.WithWait())
+	ctx := ctxT(t)
 	go func() {
-		h, err := s.New(t, lock.WithWait()).Acquire(ctxT(t), name)
-		got <- result{h, err}
+		h, err := w.Acquire(ctx, name)
+		got <- result{h, err, err == nil && !releasing.Load()}
 	}()
-	select {
-	case r := <-got:
-		t.Fatalf("a waiting Acquire returned while the lock was held: %v", r.err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	released.Store(true)
+	s.waitQueued(t, name, 1)
+	releasing.Store(true)
 	s.mustRelease(t, h)
 	r := <-got
 	if r.err != nil {
 		t.Fatalf("waiting Acquire: %v", r.err)
 	}
-	if !released.Load() {
-		t.Fatal("waiter acquired before the release")
+	defer s.mustRelease(t, r.h)
+	if r.early {
+		t.Fatal("a waiting Acquire got the lock while it was held, before its Release")
 	}
 	if r.h.Token() <= h.Token() {
 		t.Fatalf("waiter's token %d not above the previous holder's %d", r.h.Token(), h.Token())
 	}
-	s.mustRelease(t, r.h)
 }
 
 // outage: an Acquire on a backend that cannot be reached fails with an
@@ -648,19 +707,18 @@ func (s *suite) waitCancelMany(t *testing.T) {
 	h := s.mustAcquire(t, s.New(t), name)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	var won atomic.Int32
-	for i := 0; i < 6; i++ {
+	const waiters = 6
+	for i := 0; i < waiters; i++ {
+		l := s.New(t, lock.WithWait())
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w, err := s.New(t, lock.WithWait()).Acquire(ctx, name)
-			if err == nil {
-				won.Add(1)
+			if w, err := l.Acquire(ctx, name); err == nil {
 				w.Release()
 			}
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	s.waitQueued(t, name, waiters)
 	// Cancel the waiters while the lock is being released: a permit
 	// handed to a waiter that gave up must come back.
 	wg.Add(1)
@@ -879,6 +937,162 @@ func (s *suite) inspect(t *testing.T) {
 	if _, err := in.Inspect(ctxT(t), ""); !errors.Is(err, lock.ErrInvalidName) {
 		t.Fatalf("Inspect(\"\") = %v; want ErrInvalidName", err)
 	}
+}
+
+// recorder is an Observer that keeps every event.
+type recorder struct {
+	mu     sync.Mutex
+	events []lock.Event
+}
+
+func (r *recorder) Observe(_ context.Context, e lock.Event) {
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+}
+
+// wait returns the events once there are n, or what there is after d.
+func (r *recorder) wait(n int, d time.Duration) []lock.Event {
+	for deadline := time.Now().Add(d); ; time.Sleep(time.Millisecond) {
+		r.mu.Lock()
+		got := append([]lock.Event(nil), r.events...)
+		r.mu.Unlock()
+		if len(got) >= n || time.Now().After(deadline) {
+			return got
+		}
+	}
+}
+
+// observer: each Acquire (taken or refused), Extend, Release and loss
+// reports one event, of the right Op and Outcome, with the backend's
+// name, the lock's name and the holder's token; releases and losses say
+// how long the lock was held.
+func (s *suite) observer(t *testing.T) {
+	if s.Name == "" {
+		t.Skip("backend gave no Name for its events")
+	}
+	rec := &recorder{}
+	l := s.New(t, lock.WithObserver(rec))
+	name := s.name(t, "x")
+	type want struct {
+		op  lock.Op
+		out lock.Outcome
+		tok uint64 // 0: not checked
+	}
+	var wants []want
+	h := s.mustAcquire(t, l, name)
+	wants = append(wants, want{lock.OpAcquire, lock.OutcomeOK, h.Token()})
+	if w, err := l.Acquire(ctxT(t), name); err == nil {
+		w.Release()
+		t.Fatal("Acquire of a held lock succeeded")
+	}
+	wants = append(wants, want{lock.OpAcquire, lock.OutcomeLocked, 0})
+	if e, ok := h.(lock.Extender); ok && s.Extend {
+		if err := e.Extend(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		wants = append(wants, want{lock.OpExtend, lock.OutcomeOK, h.Token()})
+	}
+	s.mustRelease(t, h)
+	wants = append(wants, want{lock.OpRelease, lock.OutcomeOK, h.Token()})
+	held := []int{len(wants) - 1}
+	if s.Lose != nil {
+		// Lost inside WithLock, whose renewal (where there is a lease)
+		// notices the loss as an application would see it.
+		var lost lock.Holder
+		lock.WithLock(ctxT(t), backendSpy(l, &lost), name, func(ctx context.Context) error {
+			s.Lose(t, lost)
+			select {
+			case <-ctx.Done():
+			case <-time.After(s.LossBound):
+			}
+			return nil
+		})
+		if lost == nil {
+			t.Fatal("WithLock did not acquire")
+		}
+		wants = append(wants, want{lock.OpAcquire, lock.OutcomeOK, lost.Token()}, want{lock.OpLost, lock.OutcomeLost, lost.Token()})
+		held = append(held, len(wants)-1)
+	}
+	// A loss is reported just after Done closes; wait a moment more for
+	// an extra event that should not come.
+	got := rec.wait(len(wants), s.LossBound)
+	got = append(got[:0:0], rec.wait(len(wants)+1, 50*time.Millisecond)...)
+	if len(got) != len(wants) {
+		t.Fatalf("%d events, want %d (%v): %+v", len(got), len(wants), wants, got)
+	}
+	for i, w := range wants {
+		e := got[i]
+		if e.Op != w.op || e.Outcome != w.out || e.Backend != s.Name || e.Name != name || (w.tok != 0 && e.Token != w.tok) {
+			t.Errorf("event %d = %+v; want %s/%s of %q by %q, token %d", i, e, w.op, w.out, name, s.Name, w.tok)
+		}
+	}
+	for _, i := range held {
+		if got[i].Held <= 0 {
+			t.Errorf("event %d (%s) has no held time: %+v", i, got[i].Op, got[i])
+		}
+	}
+}
+
+// close: closing a factory ends its holders (ErrLockLost and
+// lock.ErrClosed), fails its waiting Acquires and later ones with
+// lock.ErrClosed, frees its names for other clients, and a second Close
+// is a no-op.
+func (s *suite) close(t *testing.T) {
+	if s.NewFactory == nil {
+		t.Skip("backend gave no NewFactory")
+	}
+	f := s.NewFactory(t)
+	l := f.AsLocker()
+	name := s.name(t, "x")
+	h := s.mustAcquire(t, l, name)
+	errc := make(chan error, 1)
+	if s.Wait {
+		// The waiter is of the factory being closed, queued on its holder.
+		w, ctx := f.AsLocker(lock.WithWait()), ctxT(t)
+		go func() {
+			h, err := w.Acquire(ctx, name)
+			if err == nil {
+				h.Release()
+			}
+			errc <- err
+		}()
+		waiting := s.Waiting
+		if w, ok := f.(interface{ Waiting(string) int }); ok {
+			waiting = w.Waiting
+		}
+		waitCounted(t, waiting, name, 1)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if s.Wait {
+		select {
+		case err := <-errc:
+			if !errors.Is(err, lock.ErrClosed) {
+				t.Errorf("a waiting Acquire after Close: %v; want an error matching lock.ErrClosed", err)
+			}
+		case <-time.After(s.LossBound):
+			t.Errorf("a waiting Acquire still waits %v after Close", s.LossBound)
+		}
+	}
+	eventually(t, h.Done(), s.LossBound, "a holder ending after Close")
+	if err := h.Err(); !errors.Is(err, s.ErrLockLost) || !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, lock.ErrClosed) {
+		t.Errorf("holder after Close: Err = %v; want ErrLockLost and lock.ErrClosed", err)
+	}
+	if err := h.Release(); !errors.Is(err, lock.ErrLockLost) {
+		t.Errorf("Release after Close = %v; want ErrLockLost", err)
+	}
+	if x, err := l.Acquire(ctxT(t), s.name(t, "later")); !errors.Is(err, lock.ErrClosed) {
+		if err == nil {
+			x.Release()
+		}
+		t.Errorf("Acquire after Close: %v; want an error matching lock.ErrClosed", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Errorf("second Close: %v; want nil", err)
+	}
+	s.mustRelease(t, s.acquireWithin(t, name, s.LossBound))
 }
 
 // leaks: after warm-up, a round of acquires, waits and releases leaves no

@@ -242,3 +242,39 @@ func RunStaleWriter(t *testing.T, ctx context.Context, s StaleWriter) {
 		t.Fatalf("B writes again: %v", err)
 	}
 }
+
+// NewLocker returns a client of the lock store under test whose opts apply
+// to every Acquire, like Backend.New.
+type NewLocker func(t testing.TB, opts ...lock.Option) lock.Locker
+
+// RunOnceReplicas checks lock.RunOnce across replicas, each with a locker
+// from newLocker and a ledger from newLedger of its own, as separate
+// processes would have: a replica that starts after the first one finished
+// finds the work recorded and does not run it, and a failed run records
+// nothing, so the next replica runs it again.
+func RunOnceReplicas(t *testing.T, newLocker NewLocker, newLedger NewLedger) {
+	t.Run("LateReplica", func(t *testing.T) {
+		key := prefix(t) + "migrate"
+		runs := 0
+		replica := func() (bool, error) {
+			return lock.RunOnce(ctxT(t), newLocker(t, lock.WithWait()), newLedger(t), key,
+				func(context.Context) error { runs++; return nil })
+		}
+		if ran, err := replica(); !ran || err != nil {
+			t.Fatalf("first replica: ran %v err %v", ran, err)
+		}
+		if ran, err := replica(); ran || err != nil || runs != 1 {
+			t.Fatalf("late replica: ran %v err %v, fn ran %d times", ran, err, runs)
+		}
+	})
+	t.Run("FailedRun", func(t *testing.T) {
+		key := prefix(t) + "fails"
+		boom := errors.New("boom")
+		if ran, err := lock.RunOnce(ctxT(t), newLocker(t), newLedger(t), key, func(context.Context) error { return boom }); !ran || !errors.Is(err, boom) {
+			t.Fatalf("failing run: ran %v err %v", ran, err)
+		}
+		if ran, err := lock.RunOnce(ctxT(t), newLocker(t), newLedger(t), key, func(context.Context) error { return nil }); !ran || err != nil {
+			t.Fatalf("the next replica after a failure: ran %v err %v; want it to run", ran, err)
+		}
+	})
+}

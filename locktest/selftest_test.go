@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
@@ -26,8 +27,11 @@ type toy struct {
 	mu           sync.Mutex
 	held         map[string]int
 	tokens       map[string]uint64
+	waiting      map[string]int
 	admit        int  // holders admitted per name: 1 is correct
 	repeatTokens bool // hand out the same token again
+	liveTokens   bool // Token reads the name's counter, which refused attempts move
+	barge        bool // a waiting Acquire takes a held lock
 }
 
 type toyHolder struct {
@@ -38,22 +42,67 @@ type toyHolder struct {
 }
 
 func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*toyHolder, error) {
-	if _, err := t.cfg.Resolve(name, opts, nil); err != nil {
+	o, err := t.cfg.Resolve(name, opts, nil)
+	if err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
+		if o.Wait {
+			return nil, fmt.Errorf("%w: %w", errLocked, err)
+		}
 		return nil, err
 	}
+	if h := t.try(name, o.Wait); h != nil || !o.Wait {
+		if h == nil {
+			return nil, errLocked
+		}
+		return h, nil
+	}
+	if o.WaitTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.WaitTimeout)
+		defer cancel()
+	}
+	t.mu.Lock()
+	t.waiting[name]++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.waiting[name]--
+		t.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", errLocked, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+		if h := t.try(name, true); h != nil {
+			return h, nil
+		}
+	}
+}
+
+func (t *toy) try(name string, wait bool) *toyHolder {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.held[name] >= t.admit {
-		return nil, errLocked
+	if t.held[name] >= t.admit && !(t.barge && wait) {
+		if t.liveTokens {
+			t.tokens[name]++
+		}
+		return nil
 	}
 	t.held[name]++
 	if !t.repeatTokens {
 		t.tokens[name]++
 	}
-	return &toyHolder{t: t, name: name, token: t.tokens[name] + 1, state: backend.NewState()}, nil
+	return &toyHolder{t: t, name: name, token: t.tokens[name] + 1, state: backend.NewState()}
+}
+
+func (t *toy) waiters(name string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.waiting[name]
 }
 
 func (h *toyHolder) Release() error {
@@ -64,33 +113,60 @@ func (h *toyHolder) Release() error {
 	}
 	return nil
 }
-func (h *toyHolder) Token() uint64         { return h.token }
+func (h *toyHolder) Token() uint64 {
+	if h.t.liveTokens {
+		h.t.mu.Lock()
+		defer h.t.mu.Unlock()
+		return h.t.tokens[h.name] + 1
+	}
+	return h.token
+}
 func (h *toyHolder) Done() <-chan struct{} { return h.state.Done() }
 func (h *toyHolder) Err() error            { return h.state.Err() }
 
-func runToy(t *testing.T, admit int, repeat bool) {
-	toy := &toy{cfg: backend.NewConfig("toy", nil, nil), held: map[string]int{}, tokens: map[string]uint64{}, admit: admit, repeatTokens: repeat}
-	locktest.Run(t, locktest.Backend{
+func runToy(t *testing.T, toy *toy, hook bool) {
+	toy.cfg = backend.NewConfig("toy", nil, nil)
+	toy.held, toy.tokens, toy.waiting = map[string]int{}, map[string]uint64{}, map[string]int{}
+	if toy.admit == 0 {
+		toy.admit = 1
+	}
+	b := locktest.Backend{
 		New: func(_ testing.TB, opts ...lock.Option) lock.Locker {
 			return backend.Locker(&toy.cfg, opts, toy.acquire)
 		},
 		ErrLocked:   errLocked,
 		ErrLockLost: errLost,
-	})
+		Wait:        true,
+	}
+	if hook {
+		b.Waiting = toy.waiters
+	}
+	locktest.Run(t, b)
 }
 
 // TestToy shows the suite passes a correct locker, so the failures below
 // come from the flaws and not from the toy.
-func TestToy(t *testing.T) { runToy(t, 1, false) }
+func TestToy(t *testing.T) {
+	t.Run("Waiting", func(t *testing.T) { runToy(t, &toy{}, true) })
+	t.Run("NoWaiting", func(t *testing.T) { runToy(t, &toy{}, false) })
+}
 
 // TestBrokenToy runs the suite on a flawed toy, in a child process started
 // by TestSuiteCatchesBrokenLockers.
 func TestBrokenToy(t *testing.T) {
 	switch os.Getenv("LOCKTEST_BROKEN") {
 	case "two-holders":
-		runToy(t, 2, false)
+		// Without the hook: waiters let in would keep it from ever
+		// counting them, and each test would wait out its bound.
+		runToy(t, &toy{admit: 2}, false)
 	case "repeat-tokens":
-		runToy(t, 1, true)
+		runToy(t, &toy{repeatTokens: true}, true)
+	case "live-tokens":
+		runToy(t, &toy{liveTokens: true}, true)
+	case "barging-waiter":
+		// Without the Waiting hook, the suite cannot wait for the waiter
+		// to wait: the waiter's own record of when it got in catches it.
+		runToy(t, &toy{barge: true}, false)
 	default:
 		t.Skip("run by TestSuiteCatchesBrokenLockers")
 	}
@@ -98,8 +174,10 @@ func TestBrokenToy(t *testing.T) {
 
 func TestSuiteCatchesBrokenLockers(t *testing.T) {
 	for flaw, wantFail := range map[string][]string{
-		"two-holders":   {"TestBrokenToy/Exclusion", "TestBrokenToy/MutualExclusion"},
-		"repeat-tokens": {"TestBrokenToy/Tokens", "TestBrokenToy/MutualExclusion"},
+		"two-holders":    {"TestBrokenToy/Exclusion", "TestBrokenToy/MutualExclusion"},
+		"repeat-tokens":  {"TestBrokenToy/Tokens", "TestBrokenToy/MutualExclusion"},
+		"live-tokens":    {"TestBrokenToy/Tokens"},
+		"barging-waiter": {"TestBrokenToy/Wait"},
 	} {
 		t.Run(flaw, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenToy$", "-test.v")

@@ -25,6 +25,11 @@ func TestConformance(t *testing.T) {
 		TTL:         50 * time.Millisecond,
 		Inspector:   func(testing.TB) lock.Inspector { return f },
 		Lose:        func(t testing.TB, h lock.Holder) { f.ForceLoss(h.(*memlock.Holder).Name()) },
+		Waiting:     f.Waiting,
+		// A factory is a store of its own: the closed one shares nothing
+		// with f.
+		NewFactory: func(testing.TB) locktest.Factory { return memlock.NewFactory() },
+		Name:       "memlock",
 	})
 }
 
@@ -116,56 +121,6 @@ func TestForceLossCancelsWithLock(t *testing.T) {
 	})
 	if !errors.Is(err, memlock.ErrLockLost) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("WithLock = %v", err)
-	}
-}
-
-func TestCloseFailsWaiters(t *testing.T) {
-	f := memlock.NewFactory()
-	h, _ := f.Acquire(context.Background(), "c")
-	errc := make(chan error)
-	go func() {
-		_, err := f.Acquire(context.Background(), "c", memlock.WithWait())
-		errc <- err
-	}()
-	for f.Waiting("c") == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	f.Close()
-	if err := <-errc; !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("waiter after Close: %v", err)
-	}
-	if !errors.Is(h.Err(), lock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
-		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
-	}
-	if _, err := f.Acquire(context.Background(), "d"); !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("Acquire after Close: %v", err)
-	}
-}
-
-func TestObserver(t *testing.T) {
-	var mu sync.Mutex
-	var got []lock.Event
-	obs := lock.ObserverFunc(func(_ context.Context, e lock.Event) {
-		mu.Lock()
-		got = append(got, e)
-		mu.Unlock()
-	})
-	f := memlock.NewFactory(memlock.WithObserver(obs))
-	ctx := context.Background()
-	h, _ := f.Acquire(ctx, "o")
-	f.Acquire(ctx, "o")
-	h.Release()
-	want := []struct {
-		op  lock.Op
-		out lock.Outcome
-	}{{lock.OpAcquire, lock.OutcomeOK}, {lock.OpAcquire, lock.OutcomeLocked}, {lock.OpRelease, lock.OutcomeOK}}
-	if len(got) != len(want) {
-		t.Fatalf("events %+v", got)
-	}
-	for i, w := range want {
-		if got[i].Op != w.op || got[i].Outcome != w.out || got[i].Backend != "memlock" {
-			t.Errorf("event %d = %+v, want %v/%v", i, got[i], w.op, w.out)
-		}
 	}
 }
 

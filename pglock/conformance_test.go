@@ -47,5 +47,18 @@ func TestConformance(t *testing.T) {
 		Lose: func(t testing.TB, h lock.Holder) {
 			terminate(t, pool, h.(*pglock.Holder).BackendPID())
 		},
+		Waiting: func(name string) int {
+			n := 0
+			for _, f := range fs {
+				n += f.Waiting(name)
+			}
+			return n
+		},
+		NewFactory: func(t testing.TB) locktest.Factory {
+			f := pglock.NewFactory(pool, pglock.WithLogger(nil))
+			t.Cleanup(func() { f.Close() })
+			return f
+		},
+		Name: "pglock",
 	})
 }

@@ -295,26 +295,14 @@ func TestStoreBadInput(t *testing.T) {
 	}
 }
 
-// A replica that starts after the first one finished and released finds
-// the work recorded, through its own pool and factory, and does not run it.
+// Replicas of lock.RunOnce, each with its own pool, factory and ledger.
 func TestRunOnceLateReplica(t *testing.T) {
 	schema := storeSchema(t, newPool(t))
-	ctx := ctxT(t)
-	runs := 0
-	replica := func() (bool, error) {
-		pool := newPool(t)
-		defer pool.Close()
-		f := pglock.NewFactory(pool, pglock.WithLogger(nil))
-		defer f.Close()
-		return lock.RunOnce(ctx, f.AsLocker(pglock.WithWait()), pglock.NewLedger(pool, pglock.WithSchema(schema)), "migrate",
-			func(ctx context.Context) error { runs++; return nil })
-	}
-	if ran, err := replica(); !ran || err != nil {
-		t.Fatalf("first replica: ran %v err %v", ran, err)
-	}
-	if ran, err := replica(); ran || err != nil || runs != 1 {
-		t.Fatalf("late replica: ran %v err %v, fn ran %d times", ran, err, runs)
-	}
+	locktest.RunOnceReplicas(t, func(t testing.TB, opts ...lock.Option) lock.Locker {
+		f := pglock.NewFactory(newPool(t), pglock.WithLogger(nil))
+		t.Cleanup(func() { f.Close() })
+		return f.AsLocker(opts...)
+	}, func(t testing.TB) lock.Ledger { return pglock.NewLedger(newPool(t), pglock.WithSchema(schema)) })
 }
 
 // Holder A's session ends behind its back (a partition, a terminated

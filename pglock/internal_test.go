@@ -14,16 +14,12 @@ import (
 )
 
 func testPool(t *testing.T) *pgxpool.Pool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, testenv.PostgresDSN())
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
+	pool, err := pgxpool.New(context.Background(), testenv.PostgresDSN())
 	if err != nil {
-		testenv.Unavailable(t, "postgres", err)
+		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	testenv.Need(t, "postgres", pool.Ping)
 	return pool
 }
 

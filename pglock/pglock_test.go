@@ -438,43 +438,6 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func TestCloseEndsHoldersAndWaiters(t *testing.T) {
-	pool := newPool(t)
-	f := pglock.NewFactory(pool, pglock.WithLogger(nil))
-	name := uniq(t)
-	h, err := f.Acquire(ctxT(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter := pglock.NewFactory(pool, pglock.WithLogger(nil))
-	errc := make(chan error, 1)
-	go func() {
-		_, err := waiter.Acquire(ctxT(t), name, pglock.WithWait())
-		errc <- err
-	}()
-	waitForWaiter(t, pool, name)
-	waiter.Close()
-	if err := <-errc; !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("waiter after Close: %v", err)
-	}
-	f.Close()
-	<-h.Done()
-	if !errors.Is(h.Err(), pglock.ErrLockLost) || !errors.Is(h.Err(), lock.ErrClosed) {
-		t.Fatalf("holder after Close: %v; want ErrLockLost and ErrClosed", h.Err())
-	}
-	if _, err := f.Acquire(ctxT(t), name); !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("Acquire after Close: %v", err)
-	}
-	// Postgres freed the lock with the session.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(heldBy(t, pool, name)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("lock still held after Close")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // Objects are created on first use, by racing factories at once, in a
 // schema of their own.
 func TestSetupRacesAndSchema(t *testing.T) {

@@ -20,19 +20,12 @@ func newPool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	for _, c := range configure {
 		c(cfg)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		testenv.Unavailable(t, "postgres", err)
+		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	testenv.Need(t, "postgres", pool.Ping)
 	return pool
 }
 

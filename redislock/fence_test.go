@@ -144,39 +144,14 @@ func TestFenceAndLedgerBadInput(t *testing.T) {
 	}
 }
 
-// A replica that starts after the first one finished and released finds
-// the work recorded, through its own client and factory, and does not run it.
+// Replicas of lock.RunOnce, each with its own client, factory and ledger.
 func TestRunOnceLateReplica(t *testing.T) {
 	prefix := storePrefix(t)
-	ctx := ctxT(t)
-	key := uniq(t, "migrate")
-	runs := 0
-	replica := func() (bool, error) {
-		rdb := newClient(t)
-		f := NewFactory(rdb, WithKeyPrefix(prefix), WithLogger(nil))
-		defer f.Close()
-		return lock.RunOnce(ctx, f.AsLocker(WithWait()), NewLedger(rdb, WithKeyPrefix(prefix)), key,
-			func(ctx context.Context) error { runs++; return nil })
-	}
-	if ran, err := replica(); !ran || err != nil {
-		t.Fatalf("first replica: ran %v err %v", ran, err)
-	}
-	if ran, err := replica(); ran || err != nil || runs != 1 {
-		t.Fatalf("late replica: ran %v err %v, fn ran %d times", ran, err, runs)
-	}
-	// A failed run records nothing, so the next replica tries again.
-	key2 := uniq(t, "fails")
-	rdb := newClient(t)
-	f := NewFactory(rdb, WithKeyPrefix(prefix), WithLogger(nil))
-	defer f.Close()
-	led := NewLedger(rdb, WithKeyPrefix(prefix))
-	boom := errors.New("boom")
-	if ran, err := lock.RunOnce(ctx, f.AsLocker(), led, key2, func(context.Context) error { return boom }); !ran || !errors.Is(err, boom) {
-		t.Fatalf("failing run: ran %v err %v", ran, err)
-	}
-	if ran, err := lock.RunOnce(ctx, f.AsLocker(), led, key2, func(context.Context) error { return nil }); !ran || err != nil {
-		t.Fatalf("retry after failure: ran %v err %v", ran, err)
-	}
+	locktest.RunOnceReplicas(t, func(t testing.TB, opts ...lock.Option) lock.Locker {
+		f := NewFactory(newClient(t), WithKeyPrefix(prefix), WithLogger(nil))
+		t.Cleanup(func() { f.Close() })
+		return f.AsLocker(opts...)
+	}, func(t testing.TB) lock.Ledger { return NewLedger(newClient(t), WithKeyPrefix(prefix)) })
 }
 
 // Holder A stalls past its TTL (its process paused: it neither renews nor

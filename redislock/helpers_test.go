@@ -29,13 +29,8 @@ func newClient(t testing.TB) *redis.Client {
 func dial(t testing.TB, addr string) *redis.Client {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
-		testenv.Unavailable(t, "redis", err)
-	}
 	t.Cleanup(func() { rdb.Close() })
+	testenv.Need(t, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	return rdb
 }
 

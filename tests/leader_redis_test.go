@@ -110,12 +110,7 @@ type candidateLine struct {
 func TestRedisLeaderKilled(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
 	t.Cleanup(func() { rdb.Close() })
-	pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	err := rdb.Ping(pctx).Err()
-	pcancel()
-	if err != nil {
-		testenv.Unavailable(t, "redis", err)
-	}
+	testenv.Need(t, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	prefix := fmt.Sprintf("tests-leader:%x:", time.Now().UnixNano())
 	t.Cleanup(func() {
 		// The fence record never expires: remove what this run wrote.
@@ -136,6 +131,7 @@ func TestRedisLeaderKilled(t *testing.T) {
 		c.cmd = testenv.Command(t, "redis-candidate", "TestRedisCandidate",
 			"LEADER_PREFIX="+prefix, "LEADER_NAME="+name, "LEADER_ID="+c.id)
 		c.cmd.Stderr = os.Stderr
+		var err error
 		if c.stdin, err = c.cmd.StdinPipe(); err != nil {
 			t.Fatal(err)
 		}

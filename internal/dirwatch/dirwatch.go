@@ -76,6 +76,17 @@ func Subscribe(dir, esc string) *Subscription {
 	return &Subscription{h: h, esc: esc, l: l, watched: h.w != nil}
 }
 
+// Subscribers is how many waiters of this process are subscribed for esc
+// in dir, so that tests can act once a waiter waits.
+func Subscribers(dir, esc string) int {
+	mu.Lock()
+	defer mu.Unlock()
+	if h := hubs[dir]; h != nil && h.names[esc] != nil {
+		return h.names[esc].subs
+	}
+	return 0
+}
+
 // Watched reports whether releases in other processes wake the waiter;
 // when they do not, the caller must poll more often.
 func (s *Subscription) Watched() bool { return s.watched }

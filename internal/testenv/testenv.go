@@ -4,11 +4,13 @@
 package testenv
 
 import (
+	"context"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The endpoints come from the environment; the defaults are the private
@@ -49,6 +51,28 @@ func Unavailable(t testing.TB, service string, err error) {
 		t.Fatalf("%s unavailable (CI=true or LOCK_REQUIRE_SERVICES=1 makes this a failure; run scripts/services.sh up): %v", service, err)
 	}
 	t.Skipf("%s unavailable, skipping (run scripts/services.sh up): %v", service, err)
+}
+
+// PingTimeout bounds Ping: a server that has not answered by then is down
+// as far as the tests are concerned.
+const PingTimeout = 5 * time.Second
+
+// Ping calls ping, a round trip to a server through a client of its driver
+// (testenv imports none), with a deadline of PingTimeout under ctx.
+func Ping(ctx context.Context, ping func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	return ping(ctx)
+}
+
+// Need pings service and, when it does not answer, ends the test as
+// Unavailable says. Callers register the client's Close with t.Cleanup
+// first, so that a skipped test closes it too.
+func Need(t testing.TB, service string, ping func(ctx context.Context) error) {
+	t.Helper()
+	if err := Ping(context.Background(), ping); err != nil {
+		Unavailable(t, service, err)
+	}
 }
 
 // ChildEnv is the variable that tells a re-executed test binary which child

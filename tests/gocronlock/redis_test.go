@@ -27,9 +27,7 @@ func redisBackend(t *testing.T) (func(...lock.Option) lock.Locker, func(string))
 	t.Helper()
 	probe := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
 	defer probe.Close()
-	if err := probe.Ping(context.Background()).Err(); err != nil {
-		testenv.Unavailable(t, "redis", err)
-	}
+	testenv.Need(t, "redis", func(ctx context.Context) error { return probe.Ping(ctx).Err() })
 	var b [6]byte
 	rand.Read(b[:])
 	prefix := "gocronlock-test:" + hex.EncodeToString(b[:]) + ":"
@@ -125,9 +123,7 @@ func BenchmarkRedisFloor(b *testing.B) {
 func benchRedis(b *testing.B) lock.Locker {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
 	b.Cleanup(func() { rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		testenv.Unavailable(b, "redis", err)
-	}
+	testenv.Need(b, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	var k [6]byte
 	rand.Read(k[:])
 	f := redislock.NewFactory(rdb, redislock.WithKeyPrefix("gocronlock-bench:"+hex.EncodeToString(k[:])+":"), redislock.WithLogger(nil))

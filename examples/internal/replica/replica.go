@@ -191,7 +191,7 @@ func (c *Cluster) Replica(ctx context.Context, opts ...lock.Option) (*Replica, e
 	case Postgres:
 		pool, err := pgxpool.New(ctx, testenv.PostgresDSN())
 		if err == nil {
-			err = ping(ctx, pool.Ping)
+			err = testenv.Ping(ctx, pool.Ping)
 		}
 		if err != nil {
 			if pool != nil {
@@ -203,7 +203,7 @@ func (c *Cluster) Replica(ctx context.Context, opts ...lock.Option) (*Replica, e
 		r.Factory = pglock.NewFactory(pool, append([]lock.Option{pglock.WithKeyPrefix(c.Prefix)}, opts...)...)
 	case Redis:
 		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
-		if err := ping(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }); err != nil {
+		if err := testenv.Ping(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }); err != nil {
 			rdb.Close()
 			return nil, fmt.Errorf("%w: redis at %s: %w", ErrUnavailable, testenv.RedisAddr(), err)
 		}
@@ -212,7 +212,7 @@ func (c *Cluster) Replica(ctx context.Context, opts ...lock.Option) (*Replica, e
 	case Etcd:
 		cli, err := clientv3.New(clientv3.Config{Endpoints: testenv.EtcdEndpoints(), DialTimeout: 2 * time.Second, Logger: quietZap})
 		if err == nil {
-			err = ping(ctx, func(ctx context.Context) error { _, err := cli.Get(ctx, "health"); return err })
+			err = testenv.Ping(ctx, func(ctx context.Context) error { _, err := cli.Get(ctx, "health"); return err })
 			if err != nil {
 				cli.Close()
 			}
@@ -234,12 +234,6 @@ func (c *Cluster) Replica(ctx context.Context, opts ...lock.Option) (*Replica, e
 // quietZap keeps the etcd client from logging its reconnects after a
 // replica crashed on purpose.
 var quietZap = zap.NewNop()
-
-func ping(ctx context.Context, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	return f(ctx)
-}
 
 // Ledger returns the record of completed work that replica r sees, kept
 // where every replica of the run sees it: the backend's own durable ledger
