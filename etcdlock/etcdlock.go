@@ -176,7 +176,7 @@ func newQueue(name string, o *lock.Options) *queue {
 	dir := prefix + backend.Escape(name) + "/"
 	return &queue{
 		name: name, prefix: prefix, dir: dir, slots: dir + strconv.Itoa(o.Limit()) + "/",
-		limit: o.Limit(), ttl: ttlOf(o), renew: o.Renew(true), wait: o.Wait, opts: o,
+		limit: o.Limit(), ttl: ttlOf(o), renew: !o.NoAutoRenew, wait: o.Wait, opts: o,
 	}
 }
 
