@@ -12,6 +12,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -52,6 +53,74 @@ func (f LockerFunc) Acquire(ctx context.Context, name string) (Holder, error) { 
 // returns an error matching ErrLockLost.
 type Extender interface {
 	Extend(ctx context.Context) error
+}
+
+// KeepAlive renews h's lease every interval for as long as the returned
+// context lives, and gives the work under a bare Acquire the context that
+// WithLock would: it replaces the hand-written watch-and-renew goroutine.
+// Leases renew by themselves unless taken with WithAutoRenew(false); with
+// it, KeepAlive's renewals are the only ones. The context is cancelled —
+// the work it guards should stop — when h's lock ends, or when an Extend
+// fails or takes longer than every, with a cause matching ErrLockLost. A
+// failed renewal is not retried: the lease can no longer be vouched for. If every is at most a third of the
+// TTL, the loss is declared before the lease can run out on the server.
+//
+// A holder that cannot be extended (not an [Extender]) is only watched.
+// Call cancel when the work is done, before releasing h: it stops the
+// renewals and returns once none is in flight, so no Extend races the
+// Release. It does not release h.
+func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Context, context.CancelFunc) {
+	kctx, cancel := context.WithCancelCause(ctx)
+	if h == nil || every <= 0 {
+		cancel(fmt.Errorf("%w: KeepAlive needs a Holder and a positive interval, got %v", ErrInvalidOption, every))
+		return kctx, func() {}
+	}
+	ext, _ := h.(Extender)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		var tick <-chan time.Time
+		if ext != nil {
+			t := time.NewTicker(every)
+			defer t.Stop()
+			tick = t.C
+		}
+		for {
+			select {
+			case <-kctx.Done():
+				return
+			case <-h.Done():
+				cause := h.Err()
+				if cause == nil {
+					cause = ErrLockLost
+				}
+				cancel(cause)
+				return
+			case <-tick:
+				if kctx.Err() != nil {
+					return // both were ready: the caller's cancel wins
+				}
+				ectx, ecancel := context.WithTimeout(kctx, every)
+				err := ext.Extend(ectx)
+				ecancel()
+				if err == nil {
+					continue
+				}
+				if kctx.Err() != nil {
+					return // stopped by the caller while extending
+				}
+				if !errors.Is(err, ErrLockLost) {
+					err = fmt.Errorf("%w: renewal failed: %w", ErrLockLost, err)
+				}
+				cancel(err)
+				return
+			}
+		}
+	}()
+	return kctx, func() {
+		cancel(nil)
+		<-stopped
+	}
 }
 
 // An Inspector reports who holds a name without taking it. Backends'

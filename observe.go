@@ -48,7 +48,7 @@ func OutcomeOf(err error) Outcome {
 // An Event describes one lock operation.
 //
 // Backend, Op and Outcome take few values and are what metrics should be
-// labelled with (see Labels). Name is unbounded (every tenant, every job
+// labelled with. Name is unbounded (every tenant, every job
 // id): it goes to logs and traces, not to metric labels.
 type Event struct {
 	Backend string
@@ -60,11 +60,6 @@ type Event struct {
 	Wait    time.Duration // time spent waiting for another holder (WithWait)
 	Held    time.Duration // for release and lost: how long the lock was held
 	Err     error
-}
-
-// Labels returns the event's bounded metric labels as key/value pairs.
-func (e Event) Labels() [3][2]string {
-	return [3][2]string{{"backend", e.Backend}, {"op", string(e.Op)}, {"outcome", string(e.Outcome)}}
 }
 
 // An Observer receives every Event, synchronously, with the context of the

@@ -63,8 +63,8 @@ func TestConformance(t *testing.T) {
 			}
 			return int(resp.Count) - len(info.Holders)
 		},
-		NewFactory: func(t testing.TB) locktest.Factory {
-			return factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
+			return factory(t, cli, append([]lock.Option{etcdlock.WithKeyPrefix(prefix)}, opts...)...)
 		},
 		Name: "etcdlock",
 	})

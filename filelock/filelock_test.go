@@ -51,8 +51,8 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		Waiting: func(name string) int { return filelock.Waiting(dir, name) },
-		NewFactory: func(t testing.TB) locktest.Factory {
-			return newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
+			return newFactory(t, append([]lock.Option{filelock.WithDir(dir), filelock.WithLogger(nil)}, opts...)...)
 		},
 		Name: "filelock",
 	})

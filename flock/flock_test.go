@@ -22,8 +22,8 @@ import (
 
 func TestConformance(t *testing.T) {
 	dir := t.TempDir()
-	factory := func(t testing.TB) *flock.Factory {
-		f := flock.NewFactory(flock.WithDir(dir), flock.WithCheckInterval(20*time.Millisecond), flock.WithLogger(nil))
+	factory := func(t testing.TB, opts ...lock.Option) *flock.Factory {
+		f := flock.NewFactory(append([]lock.Option{flock.WithDir(dir), flock.WithCheckInterval(20 * time.Millisecond), flock.WithLogger(nil)}, opts...)...)
 		t.Cleanup(func() { f.Close() })
 		return f
 	}
@@ -46,7 +46,7 @@ func TestConformance(t *testing.T) {
 		// flock counts the waiters of the whole process; the suite's
 		// tests run one at a time.
 		Waiting:    func(string) int { return int(flock.Waiters()) },
-		NewFactory: func(t testing.TB) locktest.Factory { return factory(t) },
+		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory { return factory(t, opts...) },
 		Name:       "flock",
 	})
 }

@@ -64,20 +64,22 @@ type Backend struct {
 	// a waiter to be waiting wait for it to say so, and fail if it never
 	// does; without it they give the waiter a moment and hope.
 	Waiting func(name string) int
-	// NewFactory, if set, returns a factory for the Close test: of the
+	// NewFactory, if set, returns a factory with opts over the backend's
+	// test defaults, for the Close and Config tests: of the
 	// store New uses where there is one; closing it must not affect
 	// lockers from New. Every backend's *Factory is one. A factory with a
 	// method Waiting(name string) int counts its own waiters with it;
 	// others are counted by Waiting.
-	NewFactory func(t testing.TB) Factory
+	NewFactory func(t testing.TB, opts ...lock.Option) Factory
 	// Name is the backend's name in lock.Event.Backend. If set, the
 	// Observer test runs, giving lock.WithObserver to New.
 	Name string
 }
 
-// Factory is what the Close test needs of a backend's factory.
+// Factory is what the Close and Config tests need of a backend's factory.
 type Factory interface {
 	AsLocker(opts ...lock.Option) lock.Locker
+	Err() error
 	Close() error
 }
 
@@ -122,6 +124,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Inspect", s.inspect)
 	t.Run("Observer", s.observer)
 	t.Run("Close", s.close)
+	t.Run("Config", s.config)
 	t.Run("Leaks", s.leaks)
 }
 
@@ -1126,5 +1129,36 @@ func (s *suite) leaks(t *testing.T) {
 			t.Fatalf("%d goroutines after release, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// config: a factory's configuration error is seen at start-up (Err), with
+// the family's shape, and is every Acquire's; a Locker from AsLocker tells
+// the options its Acquires use (backend.Configured), so an adapter can
+// refuse one that would misbehave under it.
+func (s *suite) config(t *testing.T) {
+	if s.NewFactory == nil {
+		t.Skip("backend gave no NewFactory")
+	}
+	if err := s.NewFactory(t).Err(); err != nil {
+		t.Fatalf("Err of a usable factory = %v", err)
+	}
+	bad := s.NewFactory(t, lock.WithMaxConcurrent(0))
+	err := bad.Err()
+	if want := s.prefix() + lock.ErrInvalidOption.Error(); !errors.Is(err, lock.ErrInvalidOption) || !strings.HasPrefix(fmt.Sprint(err), want) {
+		t.Fatalf("Err of a factory with an invalid option = %v; want ErrInvalidOption, said as %q + detail", err, want)
+	}
+	if _, aerr := bad.AsLocker().Acquire(ctxT(t), s.name(t, "x")); !errors.Is(aerr, lock.ErrInvalidOption) {
+		t.Fatalf("Acquire on a factory whose Err is %v = %v", err, aerr)
+	}
+	c, ok := s.NewFactory(t).AsLocker(lock.WithWait(), lock.WithOwner("o")).(backend.Configured)
+	if !ok {
+		t.Fatal("AsLocker's Locker is not a backend.Configured")
+	}
+	if o, err := c.Config(); err != nil || !o.Wait || o.Owner != "o" {
+		t.Fatalf("Config() = %+v, %v; want Wait and Owner from AsLocker's options", o, err)
+	}
+	if _, err := s.NewFactory(t).AsLocker(lock.WithTTL(-1)).(backend.Configured).Config(); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("Config() of AsLocker(WithTTL(-1)) = %v; want ErrInvalidOption", err)
 	}
 }

@@ -28,7 +28,7 @@ func TestConformance(t *testing.T) {
 		Waiting:     f.Waiting,
 		// A factory is a store of its own: the closed one shares nothing
 		// with f.
-		NewFactory: func(testing.TB) locktest.Factory { return memlock.NewFactory() },
+		NewFactory: func(_ testing.TB, opts ...lock.Option) locktest.Factory { return memlock.NewFactory(opts...) },
 		Name:       "memlock",
 	})
 }

@@ -54,8 +54,8 @@ func TestConformance(t *testing.T) {
 			}
 			return n
 		},
-		NewFactory: func(t testing.TB) locktest.Factory {
-			f := pglock.NewFactory(pool, pglock.WithLogger(nil))
+		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
+			f := pglock.NewFactory(pool, append([]lock.Option{pglock.WithLogger(nil)}, opts...)...)
 			t.Cleanup(func() { f.Close() })
 			return f
 		},

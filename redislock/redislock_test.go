@@ -65,8 +65,8 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 			}
 			return n
 		},
-		NewFactory: func(t testing.TB) locktest.Factory {
-			f := NewFactory(a, WithTTL(3*time.Second), WithKeyPrefix(testPrefix), WithLogger(nil))
+		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
+			f := NewFactory(a, append([]lock.Option{WithTTL(3 * time.Second), WithKeyPrefix(testPrefix), WithLogger(nil)}, opts...)...)
 			t.Cleanup(func() { f.Close() })
 			mu.Lock()
 			all = append(all, f)
