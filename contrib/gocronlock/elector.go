@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Elector implements gocron.Elector: the replica that holds one named lock
@@ -17,12 +18,13 @@ import (
 //	defer el.Close()
 //	s, err := gocron.NewScheduler(gocron.WithDistributedElector(el))
 //
-// It campaigns in the background from NewElector until Close: it tries to
-// acquire the lock (every WithRetryInterval, or blocking when the Locker was
-// built with WithWait), keeps it while it is held (the family's AsLocker
-// holders renew their leases), and campaigns again after losing it.
-// IsLeader reads the holder's state on every call, so leadership ends the
-// moment the holder reports the lock lost, without waiting for the loop.
+// It campaigns in the background from NewElector until Close with
+// lock.Lead: it tries to acquire the lock (every WithRetryInterval, or
+// blocking when the Locker was built with WithWait), keeps it while it is
+// held (the family's AsLocker holders renew their leases), and campaigns
+// again after losing it. IsLeader reads the holder's state on every call,
+// so leadership ends the moment the holder reports the lock lost, without
+// waiting for the campaign.
 type Elector struct {
 	l      lock.Locker
 	name   string // the lock name: prefix + the given name
@@ -32,6 +34,7 @@ type Elector struct {
 	done   chan struct{} // closed when the campaign loop has ended
 
 	mu       sync.Mutex
+	won      lock.Holder // the lock the campaign just acquired, for lead
 	h        lock.Holder // the held lock, or nil
 	since    time.Time   // when h was acquired
 	last     error       // why the last campaign did not win
@@ -40,13 +43,20 @@ type Elector struct {
 }
 
 // NewElector starts campaigning for the lock named prefix + name on l. An
-// invalid option, name or a nil l is reported by IsLeader (and Close).
+// invalid option or name, a nil l, or an l that reports (backend.Configured)
+// an invalid configuration is reported by IsLeader (and Close), and no
+// campaign starts. l may wait (WithWait).
 func NewElector(l lock.Locker, name string, opts ...Option) *Elector {
 	c := resolve(opts)
 	e := &Elector{l: l, name: c.prefix + name, cfg: c, done: make(chan struct{})}
 	e.err = errors.Join(c.errs...)
 	if l == nil {
 		e.err = errors.Join(e.err, fmt.Errorf("gocronlock: %w: nil lock.Locker", lock.ErrInvalidOption))
+	}
+	if bc, ok := l.(backend.Configured); ok {
+		if _, err := bc.Config(); err != nil {
+			e.err = errors.Join(e.err, fmt.Errorf("gocronlock: lock.Locker configuration: %w", err))
+		}
 	}
 	if name == "" {
 		e.err = errors.Join(e.err, fmt.Errorf("gocronlock: %w: empty elector name", lock.ErrInvalidName))
@@ -60,67 +70,67 @@ func NewElector(l lock.Locker, name string, opts ...Option) *Elector {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
-	go e.campaign(ctx)
-	return e
-}
-
-func (e *Elector) campaign(ctx context.Context) {
-	defer close(e.done)
-	log := e.cfg.log()
-	for {
-		h, err := e.l.Acquire(ctx, e.name)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+	go func() {
+		defer close(e.done)
+		// The retry doubles after failures in Lead; capping it at the
+		// retry interval keeps WithRetryInterval the one wait.
+		err := lock.Lead(ctx, lock.LockerFunc(e.acquire), e.name, e.lead,
+			lock.WithLeadRetry(c.retry), lock.WithLeadMaxBackoff(c.retry), lock.WithLeadLogger(c.log()))
+		if ctx.Err() == nil { // an error no campaign can fix
 			e.mu.Lock()
 			e.last = err
 			e.mu.Unlock()
-			if !errors.Is(err, lock.ErrLocked) {
-				log.Warn("gocronlock: leader campaign failed", "name", e.name, "err", err)
-			}
-			if !sleep(ctx, e.cfg.retry) {
-				return
-			}
-			continue
 		}
-		e.mu.Lock()
-		e.h, e.since, e.last = h, time.Now(), nil
-		e.mu.Unlock()
-		log.Info("gocronlock: won leadership", "name", e.name, "token", h.Token())
-
-		select {
-		case <-h.Done():
-			lost := h.Err()
-			_ = h.Release()
-			e.mu.Lock()
-			e.h, e.last = nil, lost
-			e.mu.Unlock()
-			log.Warn("gocronlock: lost leadership", "name", e.name, "err", lost)
-			// The replica that just lost is likely the one in trouble;
-			// give the others the first chance.
-			if !sleep(ctx, e.cfg.retry) {
-				return
-			}
-		case <-ctx.Done():
-			rerr := h.Release()
-			e.mu.Lock()
-			e.h, e.closeErr = nil, rerr
-			e.mu.Unlock()
-			return
-		}
-	}
+	}()
+	return e
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+// acquire is one campaign of Lead: it notes why a campaign did not win,
+// and hands lead the holder.
+func (e *Elector) acquire(ctx context.Context, name string) (lock.Holder, error) {
+	h, err := e.l.Acquire(ctx, name)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			e.last = err
+		}
+		return nil, err
 	}
+	e.won = h
+	return leaderHolder{Holder: h, e: e, ctx: ctx}, nil
+}
+
+// leaderHolder is the holder Lead releases: the release at Close is what
+// Close reports.
+type leaderHolder struct {
+	lock.Holder
+	e   *Elector
+	ctx context.Context // the campaign's; ended by Close
+}
+
+func (h leaderHolder) Release() error {
+	err := h.Holder.Release()
+	if h.ctx.Err() != nil {
+		h.e.mu.Lock()
+		h.e.closeErr = err
+		h.e.mu.Unlock()
+	}
+	return err
+}
+
+// lead is Lead's work: this replica is the leader until ctx ends, because
+// the lock was lost or Close was called.
+func (e *Elector) lead(ctx context.Context, _ uint64) error {
+	e.mu.Lock()
+	h := e.won
+	e.won, e.h, e.since, e.last = nil, h, time.Now(), nil
+	e.mu.Unlock()
+	<-ctx.Done()
+	e.mu.Lock()
+	e.h, e.last = nil, h.Err()
+	e.mu.Unlock()
+	return nil
 }
 
 // IsLeader returns nil while this replica holds the leader lock (and has

@@ -10,12 +10,21 @@
 // timer fires and runs the job only where Lock succeeds; it calls Unlock
 // when the run ends. What this package adds to a bare lock:
 //
-//   - Timer skew. Replicas' timers fire at slightly different moments. A
-//     short job released at once would let a replica that fires a few
-//     hundred milliseconds late run the same tick again. The Locker keeps
-//     each run's lock for at least WithMinHold after Lock (default 500ms),
-//     releasing it in the background so gocron is not held up, and can also
-//     lock each scheduled tick by name (WithTickResolution).
+//   - Timer skew. Replicas' timers fire at different moments: cron times a
+//     little apart, a gocron.DurationJob anywhere in its interval (its phase
+//     is set by each scheduler's start, so replicas deployed seconds apart
+//     tick seconds apart). A short job whose lock was released when it
+//     ended would let every other replica run the same interval again. So
+//     the Locker keeps a run's job lock, in the background, until the
+//     job's next Lock in this process, which takes it again: the first
+//     replica to run a job keeps running it, once per interval, and the
+//     others' timers, wherever they fall, find the lock taken. When the job
+//     ends (gocron cancels its context: the job is removed or updated, the
+//     scheduler stops), the lock is kept until the tick that will not come
+//     (the latest Lock plus the gap between the two latest), so the replica
+//     that takes over does not repeat that interval. The lock is never
+//     released before WithMinHold after Lock (default 500ms). Scheduled
+//     ticks can also be locked by name (WithTickResolution).
 //   - Long jobs. The lock is held for as long as the job runs: the holders
 //     of the family's AsLocker renew their leases themselves, and
 //     WithExtendEvery renews holders that do not. A job learns that its lock
@@ -37,10 +46,11 @@
 // where one replica runs every job.
 //
 // Exclusion holds under the backend's own assumptions (see its guide) and
-// while replicas fire within WithMinHold of each other (or within half the
-// tick resolution of a tick). A replica paused longer than that can still
-// run a tick late; pair the job with the holder's fencing token
-// (JobHolder(ctx).Token()) where a duplicate would do harm.
+// while the replica that runs a job lives. When it dies its lock frees as
+// the backend notices (a lease's TTL, at once for a Postgres session), and
+// the replica that takes over may repeat the interval the dead one ran;
+// pair the job with the holder's fencing token (JobHolder(ctx).Token())
+// where a duplicate would do harm.
 package gocronlock
 
 import (
@@ -49,12 +59,14 @@ import (
 	"fmt"
 	"reflect"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Errors. Contention errors from Lock match both ErrLocked and the
@@ -88,23 +100,41 @@ type Locker struct {
 
 	mu      sync.Mutex
 	closed  bool
-	pending map[*time.Timer]lock.Holder // delayed releases
-	wg      sync.WaitGroup              // delayed releases that are running
-	warned  map[string]bool             // rejected names already logged
+	pending map[*time.Timer]*hold // delayed releases
+	wg      sync.WaitGroup        // delayed releases that are running
+	warned  map[string]bool       // rejected names already logged
+	jobs    map[jobKey]*job       // the jobs whose ticks this Locker has seen
 }
 
-// New returns a gocron.Locker that takes its locks from l. l should not
+// New returns a gocron.Locker that takes its locks from l. l must not
 // wait (no WithWait): a replica that waited for the winner to finish would
-// then run the same tick again. An invalid option or a nil l is reported
-// by every Lock.
+// then run the same tick again. A Locker that cannot work — an invalid
+// option, a nil l, or an l that reports (backend.Configured) an invalid
+// configuration or WithWait — is reported by Err, logged once at Error
+// level here, and returned by every Lock, so no job runs.
 func New(l lock.Locker, opts ...Option) *Locker {
 	c := resolve(opts)
-	a := &Locker{l: l, cfg: c, err: errors.Join(c.errs...), pending: map[*time.Timer]lock.Holder{}, warned: map[string]bool{}}
+	a := &Locker{l: l, cfg: c, err: errors.Join(c.errs...), pending: map[*time.Timer]*hold{}, warned: map[string]bool{}, jobs: map[jobKey]*job{}}
 	if l == nil {
 		a.err = errors.Join(a.err, fmt.Errorf("gocronlock: %w: nil lock.Locker", lock.ErrInvalidOption))
 	}
+	if bc, ok := l.(backend.Configured); ok {
+		switch o, err := bc.Config(); {
+		case err != nil:
+			a.err = errors.Join(a.err, fmt.Errorf("gocronlock: lock.Locker configuration: %w", err))
+		case o.Wait:
+			a.err = errors.Join(a.err, fmt.Errorf("gocronlock: %w: lock.Locker built with WithWait: a replica that waited would run the tick again", lock.ErrInvalidOption))
+		}
+	}
+	if a.err != nil {
+		a.cfg.log().Error("gocronlock: Locker unusable, no job will run", "err", a.err)
+	}
 	return a
 }
+
+// Err reports why the Locker cannot work (see New), or nil when it can.
+// Every Lock returns this error; check it at start-up.
+func (a *Locker) Err() error { return a.err }
 
 // funcName matches the names runtime.FuncForPC gives functions, which
 // gocron uses as a job's name when WithName is not set: an import path whose
@@ -158,33 +188,61 @@ func (a *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		ctx = context.Background()
 	}
 	name := a.cfg.prefix + key
-	r := &run{a: a, ctx: ctx, key: key, lost: make(chan struct{})}
+	j := a.tick(ctx, key)
+	r := &run{a: a, ctx: ctx, key: key, j: j, lost: make(chan struct{})}
 	// The run registers under gocron's ctx; the acquires get a bounded one.
 	// Holders of the family do not depend on it once acquired.
 	actx, cancel := context.WithTimeout(ctx, a.cfg.lockTimeout)
 	defer cancel()
 	if d := a.cfg.resolution; d > 0 {
-		tick := time.Now().Round(d).UTC().Format(time.RFC3339Nano)
-		h, err := a.l.Acquire(actx, name+"@"+tick)
+		// PeriodKey truncates; shifted by d/2 it rounds, so that replicas
+		// firing just before and just after a tick on a multiple of d
+		// (cron times, clocks a little apart) meet on that tick's name.
+		tick := lock.PeriodKey(name, time.Now().Add(d/2), d)
+		h, err := a.l.Acquire(actx, tick)
 		if err != nil {
-			return nil, a.lockErr(ctx, key, "tick "+tick+" already run", err)
+			return nil, a.lockErr(ctx, key, "tick "+strings.TrimPrefix(tick, name+"@")+" already run", err)
 		}
-		r.tick = h
+		r.tick = a.hold(h)
 	}
 	h, err := a.l.Acquire(actx, name)
 	if err != nil {
 		if r.tick != nil {
 			// Nobody ran this tick here; a replica that fires later may.
-			_ = r.tick.Release()
+			_ = r.tick.release()
 		}
 		return nil, a.lockErr(ctx, key, "running elsewhere", err)
 	}
-	r.job, r.locked = h, time.Now()
-	runs.add(r)
+	r.job, r.locked = a.hold(h), time.Now()
 	if a.cfg.extendEvery > 0 {
-		go r.extend(a.cfg.extendEvery)
+		r.watch(r.job)
 	}
+	runs.add(r)
 	return r, nil
+}
+
+// hold wraps h, renewing it with lock.KeepAlive when WithExtendEvery asks.
+func (a *Locker) hold(h lock.Holder) *hold {
+	hd := &hold{h: h}
+	if a.cfg.extendEvery > 0 {
+		hd.ctx, hd.stop = lock.KeepAlive(context.Background(), h, a.cfg.extendEvery)
+	}
+	return hd
+}
+
+// A hold is one lock of a run, with its renewals.
+type hold struct {
+	h    lock.Holder
+	ctx  context.Context    // ends when a renewal fails; nil without renewals
+	stop context.CancelFunc // stops the renewals; nil without them
+}
+
+// release stops the renewals, then gives the lock up.
+func (h *hold) release() error {
+	if h.stop != nil {
+		h.stop()
+	}
+	return h.h.Release()
 }
 
 // lockErr is Lock's error for err from Acquire; ctx is gocron's.
@@ -200,12 +258,12 @@ func (a *Locker) lockErr(ctx context.Context, key, why string, err error) error 
 
 // releaseAt releases h at time at, in the background if that is still to
 // come, and reports the error of a release done now.
-func (a *Locker) releaseAt(ctx context.Context, h lock.Holder, at time.Time) error {
+func (a *Locker) releaseAt(ctx context.Context, h *hold, at time.Time) error {
 	d := time.Until(at)
 	a.mu.Lock()
 	if d <= 0 || a.closed {
 		a.mu.Unlock()
-		return h.Release()
+		return h.release()
 	}
 	var t *time.Timer
 	t = time.AfterFunc(d, func() {
@@ -217,7 +275,7 @@ func (a *Locker) releaseAt(ctx context.Context, h lock.Holder, at time.Time) err
 			return // Close stopped this timer and released h
 		}
 		defer a.wg.Done()
-		if err := h.Release(); err != nil {
+		if err := h.release(); err != nil {
 			a.cfg.log().WarnContext(ctx, "gocronlock: delayed release failed", "err", err)
 		}
 	})
@@ -227,15 +285,16 @@ func (a *Locker) releaseAt(ctx context.Context, h lock.Holder, at time.Time) err
 	return nil
 }
 
-// Close releases at once the locks still kept for their minimum hold and
-// makes later Locks fail with lock.ErrClosed. Call it after the
-// schedulers have shut down; a replica that fires for a tick this one has
-// just run may then run it again, so in production it is fine never to
-// call Close and let the holds end by themselves.
+// Close releases at once the locks still kept after their runs (for the
+// minimum hold, or until the job's next tick) and makes later Locks fail
+// with lock.ErrClosed. Call it after the schedulers have shut down; a
+// replica that fires for a tick this one has just run may then run it
+// again, so in production it is fine never to call Close and let the holds
+// end by themselves.
 func (a *Locker) Close() error {
 	a.mu.Lock()
 	a.closed = true
-	var hs []lock.Holder
+	var hs []*hold
 	for t, h := range a.pending {
 		// A timer that cannot be stopped has fired: its function is
 		// waiting for a.mu and will release h itself.
@@ -245,10 +304,19 @@ func (a *Locker) Close() error {
 			a.wg.Done()
 		}
 	}
+	for k, j := range a.jobs {
+		if j.kept != nil {
+			hs = append(hs, j.kept)
+			j.kept = nil
+		}
+		j.ended = true
+		j.unwatch()
+		delete(a.jobs, k)
+	}
 	a.mu.Unlock()
 	var errs []error
 	for _, h := range hs {
-		if err := h.Release(); err != nil && !errors.Is(err, lock.ErrLockLost) {
+		if err := h.release(); err != nil && !errors.Is(err, lock.ErrLockLost) {
 			errs = append(errs, err)
 		}
 	}
@@ -256,24 +324,132 @@ func (a *Locker) Close() error {
 	return errors.Join(errs...)
 }
 
+// A jobKey names one job of one scheduler. gocron gives each job its own
+// context, passes it to every Lock of the job, and cancels it when the job
+// is removed or updated or its scheduler stops.
+type jobKey struct {
+	ctx  context.Context
+	name string
+}
+
+// A job is what the Locker has seen of one job's ticks in this process.
+type job struct {
+	key     jobKey
+	last    time.Time     // the latest Lock
+	gap     time.Duration // between the two latest Locks; 0 until seen
+	kept    *hold         // the job lock of the last run, kept until the next tick
+	minEnd  time.Time     // when kept's minimum hold ends
+	ended   bool          // the job's context ended, or the Locker closed
+	unwatch func() bool   // stops the watch on the job's context
+}
+
+// tick records a Lock of the job named key and releases the job lock kept
+// from the job's previous run here, so that this tick may take it again.
+// It returns nil for a context that cannot say when the job ends
+// (context.Background and the like): such runs are released after the
+// minimum hold, as there is no end to bound a longer hold by.
+func (a *Locker) tick(ctx context.Context, key string) *job {
+	if ctx.Done() == nil || reflect.ValueOf(ctx).Kind() != reflect.Pointer {
+		return nil
+	}
+	now := time.Now()
+	k := jobKey{ctx, key}
+	a.mu.Lock()
+	j := a.jobs[k]
+	if j == nil {
+		j = &job{key: k}
+		a.jobs[k] = j
+		j.unwatch = context.AfterFunc(ctx, func() { a.jobEnded(j) })
+	} else {
+		j.gap = now.Sub(j.last)
+	}
+	j.last = now
+	kept := j.kept
+	j.kept = nil
+	a.mu.Unlock()
+	if kept != nil {
+		if err := kept.release(); err != nil && !errors.Is(err, lock.ErrLockLost) {
+			a.cfg.log().Warn("gocronlock: release of the previous run's lock failed", "job", key, "err", err)
+		}
+	}
+	return j
+}
+
+// keep keeps the job lock of r, a run that ended, until the job's next
+// tick here (see tick). A job that has ended has no next tick: its lock is
+// released when that tick would have come (the latest Lock plus the gap
+// between the two latest), and not before the minimum hold.
+func (a *Locker) keep(ctx context.Context, r *run) error {
+	minEnd := r.locked.Add(a.cfg.minHold)
+	j := r.j
+	if j == nil {
+		return a.releaseAt(ctx, r.job, minEnd)
+	}
+	a.mu.Lock()
+	if !j.ended && !a.closed {
+		old := j.kept
+		j.kept, j.minEnd = r.job, minEnd
+		a.mu.Unlock()
+		if old != nil { // not expected: a second run held the job lock
+			_ = old.release()
+		}
+		return nil
+	}
+	end := j.last.Add(j.gap)
+	a.mu.Unlock()
+	return a.releaseAt(ctx, r.job, later(minEnd, end))
+}
+
+// jobEnded releases, when the job's next tick would have come, the lock
+// kept for a job whose context ended.
+func (a *Locker) jobEnded(j *job) {
+	a.mu.Lock()
+	if j.ended {
+		a.mu.Unlock()
+		return
+	}
+	j.ended = true
+	if a.jobs[j.key] == j {
+		delete(a.jobs, j.key)
+	}
+	kept, at := j.kept, later(j.minEnd, j.last.Add(j.gap))
+	j.kept = nil
+	a.mu.Unlock()
+	if kept == nil {
+		return
+	}
+	if err := a.releaseAt(context.Background(), kept, at); err != nil && !errors.Is(err, lock.ErrLockLost) {
+		a.cfg.log().Warn("gocronlock: release of an ended job's lock failed", "job", j.key.name, "err", err)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // run is the gocron.Lock of one run of a job.
 type run struct {
 	a      *Locker
 	ctx    context.Context // the job context gocron passed to Lock
 	key    string
-	job    lock.Holder // held while the job runs, and MinHold after Lock
-	tick   lock.Holder // the tick's lock, or nil
+	j      *job  // the job's ticks in this process, or nil
+	job    *hold // held while the job runs, then kept (see keep)
+	tick   *hold // the tick's lock, or nil
 	locked time.Time
 
-	lost     chan struct{} // closed when an Extend reported the loss
+	lost     chan struct{} // closed when a renewal reported the loss
 	lostOnce sync.Once
 	unlock   sync.Once
 }
 
 // Unlock ends the run. gocron calls it, possibly with a context that is
 // already cancelled, which it ignores: the releases are bounded by the
-// backend. Locks that have not yet been held for their minimum time are
-// released later in the background. It reports a lock lost during the run.
+// backend. The job lock is kept until the job's next tick here (see the
+// package doc) and the tick lock until twice the tick resolution after
+// Lock, in the background. It reports a lock lost during the run.
 func (r *run) Unlock(ctx context.Context) error {
 	var err error
 	r.unlock.Do(func() {
@@ -284,12 +460,11 @@ func (r *run) Unlock(ctx context.Context) error {
 			}
 		}
 		if lerr := r.lostErr(); lerr != nil {
-			_ = r.job.Release() // the loss is the news; this only frees resources
+			_ = r.job.release() // the loss is the news; this only frees resources
 			err = fmt.Errorf("gocronlock: job %q: %w", r.key, lerr)
 			return
 		}
-		err = r.a.releaseAt(ctx, r.job, r.locked.Add(r.a.cfg.minHold))
-		if err != nil {
+		if err = r.a.keep(ctx, r); err != nil {
 			err = fmt.Errorf("gocronlock: job %q: %w", r.key, err)
 		}
 	})
@@ -298,7 +473,7 @@ func (r *run) Unlock(ctx context.Context) error {
 
 // lostErr is the loss of the job lock, or nil while it is held.
 func (r *run) lostErr() error {
-	if err := r.job.Err(); err != nil {
+	if err := r.job.h.Err(); err != nil {
 		return err
 	}
 	select {
@@ -309,45 +484,18 @@ func (r *run) lostErr() error {
 	}
 }
 
-// extend renews the run's locks every d until they are released or lost.
-func (r *run) extend(d time.Duration) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	hs := []lock.Holder{r.job}
-	if r.tick != nil {
-		hs = append(hs, r.tick)
-	}
-	for range t.C {
-		live := 0
-		for _, h := range hs {
-			select {
-			case <-h.Done():
-				continue
-			default:
-			}
-			live++
-			x, ok := h.(lock.Extender)
-			if !ok {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), d)
-			err := x.Extend(ctx)
-			cancel()
-			switch {
-			case err == nil:
-			case errors.Is(err, lock.ErrLockLost):
-				if h == r.job {
-					r.lostOnce.Do(func() { close(r.lost) })
-					r.a.cfg.log().Warn("gocronlock: job lock lost", "job", r.key, "err", err)
-				}
-			default:
-				r.a.cfg.log().Warn("gocronlock: extend failed", "job", r.key, "err", err)
-			}
+// watch marks the run's lock lost when lock.KeepAlive gives up on h: a
+// renewal failed, or the holder reported the loss.
+func (r *run) watch(h *hold) {
+	go func() {
+		<-h.ctx.Done()
+		cause := context.Cause(h.ctx)
+		if !errors.Is(cause, lock.ErrLockLost) {
+			return // stopped by release
 		}
-		if live == 0 {
-			return
-		}
-	}
+		r.lostOnce.Do(func() { close(r.lost) })
+		r.a.cfg.log().Warn("gocronlock: job lock lost", "job", r.key, "err", cause)
+	}()
 }
 
 // runs maps the context gocron passed to Lock, which is also the one it
@@ -401,7 +549,7 @@ func (g *registry) get(ctx context.Context) *run {
 // token; its Done closes when the lock is lost (or released).
 func JobHolder(ctx context.Context) lock.Holder {
 	if r := runs.get(ctx); r != nil {
-		return r.job
+		return r.job.h
 	}
 	return nil
 }
@@ -426,8 +574,8 @@ func JobContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	}
 	go func() {
 		select {
-		case <-r.job.Done():
-			if err := r.job.Err(); err != nil {
+		case <-r.job.h.Done():
+			if err := r.job.h.Err(); err != nil {
 				cancel(err)
 			}
 		case <-r.lost:

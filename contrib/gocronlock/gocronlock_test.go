@@ -1,10 +1,13 @@
 package gocronlock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -385,5 +388,99 @@ func jobOK(t *testing.T) func(gocron.Job, error) {
 		if err != nil {
 			t.Fatal(fmt.Errorf("NewJob: %w", err))
 		}
+	}
+}
+
+// A Locker whose lock.Locker is misconfigured, or waits, is unusable from
+// New: Err says why, New logs it once at Error level, and every Lock
+// returns it instead of a WARN line per skipped tick.
+func TestUnusableLockerIsReportedAtStartup(t *testing.T) {
+	bad := memlock.NewFactory(memlock.WithMaxConcurrent(-1))
+	defer bad.Close()
+	good := memlock.NewFactory()
+	defer good.Close()
+	for name, l := range map[string]lock.Locker{
+		"factory with an invalid option":  bad.AsLocker(),
+		"AsLocker with an invalid option": good.AsLocker(memlock.WithTTL(-time.Second)),
+		"Locker with WithWait":            good.AsLocker(memlock.WithWait()),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var logged bytes.Buffer
+			a := gocronlock.New(l, gocronlock.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+			defer a.Close()
+			if err := a.Err(); !errors.Is(err, lock.ErrInvalidOption) {
+				t.Fatalf("Err = %v, want ErrInvalidOption", err)
+			}
+			if got := strings.Count(logged.String(), "level=ERROR"); got != 1 {
+				t.Fatalf("New logged %d errors, want 1:\n%s", got, logged.String())
+			}
+			for range 2 {
+				_, err := a.Lock(context.Background(), "job")
+				if !errors.Is(err, lock.ErrInvalidOption) || errors.Is(err, lock.ErrLocked) {
+					t.Fatalf("Lock = %v, want the configuration error", err)
+				}
+			}
+			if n := strings.Count(logged.String(), "\n"); n != 1 {
+				t.Fatalf("Lock logged more:\n%s", logged.String())
+			}
+			if held(t, good, "gocron:job") {
+				t.Fatal("Lock took the lock")
+			}
+		})
+	}
+	a := gocronlock.New(good.AsLocker(), gocronlock.WithLogger(nil))
+	defer a.Close()
+	if err := a.Err(); err != nil {
+		t.Fatalf("Err of a usable Locker = %v", err)
+	}
+}
+
+// A run's job lock is kept until the job's next tick in this process: a
+// replica whose timer fires anywhere in between finds it taken, however
+// far apart the replicas' timers are. The job's own next tick takes it
+// again. When the job ends (its context is cancelled), the lock is kept
+// until the tick that will not come: the latest Lock plus the gap between
+// the two latest.
+func TestRunLockKeptUntilNextTick(t *testing.T) {
+	f := memlock.NewFactory()
+	defer f.Close()
+	here := gocronlock.New(f.AsLocker(), gocronlock.WithMinHold(0))
+	defer here.Close()
+	there := gocronlock.New(f.AsLocker(), gocronlock.WithMinHold(0))
+	defer there.Close()
+	jobCtx, endJob := context.WithCancel(context.Background()) // gocron's job context
+	defer endJob()
+	otherCtx, endOther := context.WithCancel(context.Background())
+	defer endOther()
+	const gap = 500 * time.Millisecond // the job's interval
+	var last time.Time
+	for tick := range 2 {
+		if tick > 0 {
+			time.Sleep(gap) // the scheduler's interval, not a synchronisation
+		}
+		last = time.Now()
+		lk, err := here.Lock(jobCtx, "job")
+		if err != nil {
+			t.Fatalf("tick %d: Lock = %v", tick, err)
+		}
+		if err := lk.Unlock(jobCtx); err != nil {
+			t.Fatal(err)
+		}
+		if !held(t, f, "gocron:job") {
+			t.Fatalf("tick %d: job lock released after the run", tick)
+		}
+		if _, err := there.Lock(otherCtx, "job"); !errors.Is(err, gocronlock.ErrLocked) {
+			t.Fatalf("tick %d: another replica's Lock between ticks = %v, want ErrLocked", tick, err)
+		}
+	}
+	endJob()
+	if !waitFor(10*time.Second, func() bool { return !held(t, f, "gocron:job") }) {
+		t.Fatal("job lock kept after the job ended")
+	}
+	if released := time.Now(); released.Before(last.Add(gap)) {
+		t.Fatalf("released %v after the last tick, before the next would have come (%v)", released.Sub(last), gap)
+	}
+	if _, err := there.Lock(otherCtx, "job"); err != nil {
+		t.Fatalf("Lock after the job ended = %v", err)
 	}
 }

@@ -93,12 +93,13 @@ func (c *config) log() *slog.Logger {
 // prefix is allowed.
 func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
-// WithMinHold makes the Locker keep a run's job lock until d has passed
-// since Lock, even when the job finished sooner. The release happens in the
-// background, so gocron is not held up. A replica whose timer fires up to d
-// after the winner's therefore finds the lock taken and skips the run it
-// would otherwise repeat. d must stay below the job's interval minus that
-// skew, or the next run is skipped too. 0 releases at once. Default: 500ms.
+// WithMinHold makes the Locker keep a run's job lock at least until d has
+// passed since Lock, even when the job finished sooner. The release happens
+// in the background, so gocron is not held up. Runs under gocron keep the
+// lock longer anyway, until the job's next tick (see the package doc); the
+// minimum bounds the hold of a job that ended after one tick, and of a Lock
+// whose context never ends (context.Background). 0 sets no minimum.
+// Default: 500ms.
 func WithMinHold(d time.Duration) Option {
 	return nonNegative("WithMinHold", d, func(c *config) *time.Duration { return &c.minHold })
 }
@@ -115,12 +116,13 @@ func WithTickResolution(d time.Duration) Option {
 	return nonNegative("WithTickResolution", d, func(c *config) *time.Duration { return &c.resolution })
 }
 
-// WithExtendEvery makes the Locker call Extend every d on the locks of a run
-// whose holder implements lock.Extender, until they are released. The
-// holders of the family's AsLocker already renew themselves; this is for a
-// lock.Locker built with WithAutoRenew(false) or one from elsewhere. An
-// Extend that reports lock.ErrLockLost marks the run's lock lost (see
-// JobContext). 0 turns it off. Default: off.
+// WithExtendEvery makes the Locker renew the locks of a run whose holder
+// implements lock.Extender every d, with lock.KeepAlive, until they are
+// released. The holders of the family's AsLocker already renew themselves;
+// this is for a lock.Locker built with WithAutoRenew(false) or one from
+// elsewhere. A renewal that fails, or takes longer than d, marks the run's
+// lock lost (see JobContext): the lease can no longer be vouched for. 0
+// turns it off. Default: off.
 func WithExtendEvery(d time.Duration) Option {
 	return nonNegative("WithExtendEvery", d, func(c *config) *time.Duration { return &c.extendEvery })
 }

@@ -1,24 +1,25 @@
 // Command 12-gocron-cluster is use case 12: a service schedules its jobs
-// with gocron v2 and runs in three replicas; each job tick must run on one
-// replica, not on all three.
+// with gocron v2 and runs in three replicas; each job's interval must run
+// on one replica, not on all three.
 //
 // The scheduler gets a gocronlock.Locker over any family backend
-// (gocron.WithDistributedLocker). When a job's timer fires, gocron calls
-// Lock(ctx, jobName) and runs the job only on the replica whose Lock
-// succeeded; the others' Lock returns an error matching lock.ErrLocked and
-// they skip the tick. Underneath, gocronlock acquires "gocron:<job name>"
-// from the backend's Locker (whose lease renews while the job runs, so a
-// job may outlast the TTL), and keeps the lock for at least WithMinHold
-// after Lock even when the job ends sooner, releasing it in the background.
-// That is what makes a tick run once: the replicas' timers fire a little
-// apart (clocks, start times, load), and a lock released the moment a
-// 20ms job ended would let a replica that fires 80ms later run the tick
-// again. The hold must exceed that skew and stay below the interval minus
-// the skew. Every job needs gocron.WithName: it is the lock key, and
-// gocronlock refuses the function-derived names gocron gives unnamed jobs.
+// (gocron.WithDistributedLocker(gocronlock.New(locks.AsLocker())), default
+// options). When a job's timer fires, gocron calls Lock(ctx, jobName) and
+// runs the job only on the replica whose Lock succeeded; the others' Lock
+// returns an error matching lock.ErrLocked and they skip the tick.
+// Underneath, gocronlock acquires "gocron:<job name>" from the backend's
+// Locker (whose lease renews while the job runs, so a job may outlast the
+// TTL) and keeps it after the run until the job's next tick on that
+// replica, which takes it again. That is what makes an interval run once:
+// a DurationJob's phase is set by each scheduler's start, so replicas
+// deployed apart fire anywhere in the interval, and a lock released the
+// moment a 20ms job ended would let each of them run it again. Every job
+// needs gocron.WithName: it is the lock key, and gocronlock refuses the
+// function-derived names gocron gives unnamed jobs.
 //
-// The demo starts three schedulers 0, 40 and 80ms apart with a job every
-// 300ms (hold 150ms), and counts which replica ran each tick.
+// The demo starts three schedulers a third of the interval apart, as a
+// rolling deploy does (0, 100 and 200ms, a job every 300ms), and counts
+// which replica ran each tick.
 //
 //	go run ./12-gocron-cluster                  # filelock, no infrastructure
 //	go run ./12-gocron-cluster -backend=redis   # or postgres, etcd
@@ -44,10 +45,13 @@ import (
 // midnight billing, each run on one replica per tick. locks is the
 // replica's Locker (a factory's AsLocker(), not waiting); lockError hears
 // every tick this replica skipped and why.
-func NewScheduler(locks lock.Locker, hold, syncEvery time.Duration,
+func NewScheduler(locks lock.Locker, syncEvery time.Duration,
 	syncJob, processBilling func(ctx context.Context) error,
 	lockError func(job string, err error)) (gocron.Scheduler, *gocronlock.Locker, error) {
-	cluster := gocronlock.New(locks, gocronlock.WithMinHold(hold))
+	cluster := gocronlock.New(locks)
+	if err := cluster.Err(); err != nil { // a misconfigured Locker would skip every tick
+		return nil, nil, err
+	}
 	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(cluster))
 	if err != nil {
 		return nil, nil, err
@@ -78,7 +82,6 @@ func NewScheduler(locks lock.Locker, hold, syncEvery time.Duration,
 type config struct {
 	Skews    []time.Duration // when each replica starts, after the first
 	Interval time.Duration
-	Hold     time.Duration
 	Ticks    int // ticks every replica fires for
 	Work     time.Duration
 }
@@ -139,13 +142,13 @@ func run(ctx context.Context, c *replica.Cluster, cfg config) (res result, err e
 				fire(i)
 			}
 		}
-		s, l, err := NewScheduler(r.Locker(), cfg.Hold, cfg.Interval, syncJob, billing, lockError)
+		s, l, err := NewScheduler(r.Locker(), cfg.Interval, syncJob, billing, lockError)
 		if err != nil {
 			return res, err
 		}
 		scheds, lockers = append(scheds, s), append(lockers, l)
 	}
-	// Replicas start apart: their ticks fire up to the largest skew apart.
+	// Replicas start apart: their ticks fire as far apart as they started.
 	for i, s := range scheds {
 		time.Sleep(time.Until(start.Add(cfg.Skews[i])))
 		s.Start()
@@ -182,8 +185,8 @@ func main() {
 
 func demo(ctx context.Context, c *replica.Cluster) error {
 	res, err := run(ctx, c, config{
-		Skews:    []time.Duration{0, 40 * time.Millisecond, 80 * time.Millisecond},
-		Interval: 300 * time.Millisecond, Hold: 150 * time.Millisecond, Ticks: 5, Work: 20 * time.Millisecond,
+		Skews:    []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond},
+		Interval: 300 * time.Millisecond, Ticks: 5, Work: 20 * time.Millisecond,
 	})
 	if err != nil {
 		return err

@@ -11,16 +11,17 @@ import (
 	"github.com/ubgo/lock/examples/internal/replica"
 )
 
-// TestScenario runs three real gocron schedulers started 0, 50 and 100ms
-// apart, a job every 800ms and a 400ms hold (sized for a loaded machine),
-// until every replica fired four ticks. Each tick must have run exactly once, and every skip must be
+// TestScenario runs three real gocron schedulers with default gocronlock
+// options, started a third of the interval apart as a rolling deploy does
+// (0, 267 and 533ms, a job every 800ms), until every replica fired four
+// ticks. Each tick must have run exactly once, and every skip must be
 // contention (ErrLocked), not a backend failure. On filelock (no
 // infrastructure) and redislock (the backend the scenario's code uses).
 func TestScenario(t *testing.T) {
 	exampletest.ForEach(t, []string{replica.Filelock, replica.Redis}, func(t *testing.T, c *replica.Cluster) {
 		cfg := config{
-			Skews:    []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond},
-			Interval: 800 * time.Millisecond, Hold: 400 * time.Millisecond, Ticks: 4, Work: 20 * time.Millisecond,
+			Skews:    []time.Duration{0, 267 * time.Millisecond, 533 * time.Millisecond},
+			Interval: 800 * time.Millisecond, Ticks: 4, Work: 20 * time.Millisecond,
 		}
 		res, err := run(exampletest.Context(t), c, cfg)
 		if err != nil {

@@ -72,9 +72,9 @@ func TestSkew(t *testing.T) {
 		}
 	}
 
-	// The same schedule without any hold shows what the hold prevents:
-	// late replicas run ticks again. Timing decides how often, so this
-	// only logs.
+	// The same schedule without a minimum hold: the job lock is still kept
+	// until each job's next tick. Timing decides how often a tick would
+	// repeat without it, so this only logs.
 	t.Run("memlock/no-hold-control", func(t *testing.T) {
 		t.Parallel()
 		newLocker, _ := backends[0].fresh(t)
