@@ -89,6 +89,15 @@ type Factory struct {
 	watches  map[string]*watcher        // by key prefix
 	used     map[string]uint64          // key names in use → claim id
 	claims   uint64
+	cleanups map[string]*cleanup // by name directory; see settle
+}
+
+// A cleanup counts the keys of a name whose caller moved on while their
+// write was in flight: each is deleted in the background once the write
+// returns, and until all are, the factory writes no new key for the name.
+type cleanup struct {
+	n    int
+	done chan struct{} // closed when n drops to 0
 }
 
 // NewFactory returns a factory using cli, whose options are the defaults for
@@ -107,7 +116,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 		cli: cli, cfg: cfg, process: fmt.Sprintf("%d@%s", os.Getpid(), host), id: hex.EncodeToString(id[:]),
 		ctx: ctx, cancel: cancel,
 		sessions: map[time.Duration]*session{}, private: map[*session]struct{}{}, watches: map[string]*watcher{},
-		used: map[string]uint64{},
+		used: map[string]uint64{}, cleanups: map[string]*cleanup{},
 	}
 }
 
@@ -292,6 +301,9 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 // attempt puts one key for q on s's lease and returns once it holds a
 // permit, or fails.
 func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue, waitStart *time.Time) (*Holder, error) {
+	if err := f.settle(ctx, q.dir); err != nil {
+		return nil, err
+	}
 	c := f.claimKey(q.slots)
 	since := time.Now()
 	val, _ := json.Marshal(record{Owner: q.opts.Owner, Process: f.process, Since: since, Metadata: q.opts.Metadata})
@@ -325,7 +337,7 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 			}
 			then := append([]clientv3.Op{clientv3.OpPut(c.key, string(val), clientv3.WithLease(s.id))}, then...)
 			els := append(els[:len(els):len(els)], clientv3.OpGet(c.key, clientv3.WithKeysOnly()))
-			resp, err := f.commit(ctx, s, c, cmps, then, els)
+			resp, err := f.commit(ctx, s, q.dir, c, cmps, then, els)
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				_, err = unwritten(err)
 				return nil, err
@@ -475,18 +487,23 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 	return f.admit(ctx, w, s, q, c, rev, since)
 }
 
-// commit runs one transaction that may write the key of c. The write runs
-// on a context of its own, so that its outcome is known even if ctx ends
-// first: the caller then gets ctx's error at once. When the key was written
-// for nobody, or may have been, it is deleted in the background.
-func (f *Factory) commit(ctx context.Context, s *session, c claim, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+// commit runs one transaction that may write the key of c, under dir. The
+// write runs on a context of its own, so that its outcome is known even if
+// ctx ends first: the caller then gets ctx's error at once. When the key was
+// written for nobody, or may have been, it is deleted in the background, as
+// a cleanup of dir, so that a caller retrying on short deadlines waits for
+// it (settle) instead of piling up writes.
+func (f *Factory) commit(ctx context.Context, s *session, dir string, c claim, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
 	run := func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	}
 	if ctx.Done() == nil {
 		resp, err := run(ctx)
 		if err != nil && !rejected(err) {
-			f.spawn(func() { f.remove(s, c, 0) })
+			f.pend(dir)
+			if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, 0) }) {
+				f.unpend(dir)
+			}
 		}
 		return resp, err
 	}
@@ -503,12 +520,19 @@ func (f *Factory) commit(ctx context.Context, s *session, c claim, cmps []client
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		resp, err := run(dctx)
 		cancel()
+		unknown := err != nil && !rejected(err)
 		mu.Lock()
-		gone := left
+		gone := left // then the caller made it a cleanup
 		if !gone {
+			if unknown {
+				f.pend(dir) // before the caller can try again
+			}
 			ch <- result{resp, err} // buffered; under mu so the caller cannot leave in between
 		}
 		mu.Unlock()
+		if gone || unknown {
+			defer f.unpend(dir)
+		}
 		switch {
 		case err != nil && !rejected(err):
 			f.remove(s, c, 0)
@@ -535,7 +559,51 @@ func (f *Factory) commit(ctx context.Context, s *session, c claim, cmps []client
 		return r.resp, r.err
 	default:
 		left = true
+		f.pend(dir)
 		return nil, ctx.Err()
+	}
+}
+
+// pend and unpend count a cleanup of dir.
+func (f *Factory) pend(dir string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cl := f.cleanups[dir]
+	if cl == nil {
+		cl = &cleanup{done: make(chan struct{})}
+		f.cleanups[dir] = cl
+	}
+	cl.n++
+}
+
+func (f *Factory) unpend(dir string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cl := f.cleanups[dir]
+	if cl.n--; cl.n == 0 {
+		delete(f.cleanups, dir)
+		close(cl.done)
+	}
+}
+
+// settle waits until no key of dir is being cleaned up: a caller whose
+// write outlived its deadline leaves at most one key per name behind, not
+// one per retry, and the key is gone before the factory writes the next.
+func (f *Factory) settle(ctx context.Context, dir string) error {
+	for {
+		f.mu.Lock()
+		cl := f.cleanups[dir]
+		f.mu.Unlock()
+		if cl == nil {
+			return nil
+		}
+		select {
+		case <-cl.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.ctx.Done():
+			return lock.ErrClosed
+		}
 	}
 }
 

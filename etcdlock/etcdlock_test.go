@@ -3,13 +3,18 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
@@ -410,5 +415,131 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A storm of waiters whose deadlines are shorter than an etcd write, each
+// retrying at once, as separate processes would (a factory and a client
+// each): there is never more than one key per contender under the name,
+// none is left a second after the last caller returns, and a fresh factory
+// then takes the lock at once. "slow" delays every transaction by 10ms (a
+// slow disk), so that most writes outlive their caller.
+func TestAbandonedWaitsLeaveNothing(t *testing.T) {
+	storm := 8 * time.Second
+	if testing.Short() || os.Getenv("CI") != "" {
+		storm = 3 * time.Second
+	}
+	for _, c := range []struct {
+		name string
+		n    int
+		slow time.Duration
+	}{{"8", 8, 0}, {"64", 64, 0}, {"8-slow", 8, 10 * time.Millisecond}} {
+		t.Run(c.name, func(t *testing.T) {
+			prefix := testPrefix(t)
+			ctx := ctxT(t, time.Minute)
+			delay := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if strings.HasSuffix(method, "/Txn") {
+					time.Sleep(c.slow)
+				}
+				return invoke(ctx, method, req, reply, cc, opts...)
+			}
+			fs := make([]*etcdlock.Factory, c.n)
+			for i := range fs {
+				cli, err := clientv3.New(clientv3.Config{
+					Endpoints:   testenv.EtcdEndpoints(),
+					DialTimeout: 3 * time.Second,
+					Logger:      zap.NewNop(),
+					DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(delay)},
+				})
+				if err != nil {
+					testenv.Unavailable(t, "etcd", err)
+				}
+				t.Cleanup(func() { cli.Close() })
+				fs[i] = factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+			}
+			cli := client(t)
+			count := func() (int64, error) {
+				resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+				if err != nil {
+					return 0, err
+				}
+				return resp.Count, nil
+			}
+			var acquired, locked, other atomic.Int64
+			var wg sync.WaitGroup
+			end := time.Now().Add(storm)
+			for _, f := range fs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(end) {
+						d := 200*time.Microsecond + rand.N(2800*time.Microsecond)
+						actx, cancel := context.WithTimeout(ctx, d)
+						h, err := f.Acquire(actx, "storm", etcdlock.WithWait())
+						cancel()
+						switch {
+						case err == nil:
+							acquired.Add(1)
+							h.Release()
+						case errors.Is(err, etcdlock.ErrLocked):
+							locked.Add(1)
+						default:
+							other.Add(1)
+						}
+					}
+				}()
+			}
+			// The most keys seen at once while the storm runs.
+			var most int64
+			var countErr error
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				for time.Now().Before(end) && countErr == nil {
+					var n int64
+					n, countErr = count()
+					most = max(most, n)
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			wg.Wait()
+			<-sampled
+			returned := time.Now()
+			deadline := returned.Add(time.Second)
+			if countErr != nil {
+				t.Fatal(countErr)
+			}
+			keys, err := count()
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := keys
+			for left > 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+				if left, err = count(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("%d contenders, %v: %d acquired, %d ErrLocked, %d other errors; at most %d keys at once, %d when the last caller returned, %d after %v",
+				c.n, storm, acquired.Load(), locked.Load(), other.Load(), most, keys, left, time.Since(returned).Round(time.Millisecond))
+			if most > int64(c.n) {
+				t.Errorf("%d keys under the name at once; want at most one per contender (%d)", most, c.n)
+			}
+			if left > 0 {
+				t.Fatalf("%d keys left under the name a second after the last caller returned", left)
+			}
+			fresh := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+			for {
+				h, err := fresh.Acquire(ctx, "storm")
+				if err == nil {
+					h.Release()
+					break
+				}
+				if !errors.Is(err, etcdlock.ErrLocked) || time.Now().After(deadline) {
+					t.Fatalf("a fresh factory's Acquire %v after the last caller returned = %v", time.Since(returned), err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
 	}
 }
