@@ -505,7 +505,10 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 			wg.Wait()
 			<-sampled
 			returned := time.Now()
-			deadline := returned.Add(time.Second)
+			// The keys go within a round trip or two (tens of ms, logged);
+			// the bound is a guard against a pile-up on a loaded machine,
+			// not a timing target.
+			deadline := returned.Add(10 * time.Second)
 			if countErr != nil {
 				t.Fatal(countErr)
 			}
@@ -526,7 +529,7 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 				t.Errorf("%d keys under the name at once; want at most one per contender (%d)", most, c.n)
 			}
 			if left > 0 {
-				t.Fatalf("%d keys left under the name a second after the last caller returned", left)
+				t.Fatalf("%d keys left under the name 10s after the last caller returned", left)
 			}
 			fresh := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
 			for {
