@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/filelock"
 	"github.com/ubgo/lock/locktest"
 	"golang.org/x/sys/unix"
@@ -50,7 +51,8 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		Waiting: func(name string) int { return filelock.Waiting(dir, name) },
+		Waiting:   func(name string) int { return filelock.Waiting(dir, name) },
+		TokenFile: func(name string) string { return filepath.Join(dir, backend.Escape(name)+".token") },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
 			return newFactory(t, append([]lock.Option{filelock.WithDir(dir), filelock.WithLogger(nil)}, opts...)...)
 		},

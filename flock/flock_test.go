@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/flock"
 	"github.com/ubgo/lock/locktest"
 )
@@ -47,6 +48,7 @@ func TestConformance(t *testing.T) {
 		// tests run one at a time.
 		Waiting:    func(string) int { return int(flock.Waiters()) },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory { return factory(t, opts...) },
+		TokenFile:  func(name string) string { return filepath.Join(dir, backend.Escape(name)+".lock") },
 		Name:       "flock",
 	})
 }

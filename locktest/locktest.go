@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -71,6 +72,11 @@ type Backend struct {
 	// method Waiting(name string) int counts its own waiters with it;
 	// others are counted by Waiting.
 	NewFactory func(t testing.TB, opts ...lock.Option) Factory
+	// TokenFile, if set, returns the file that holds name's token counter
+	// in the store New uses (file backends). The suite puts back an older
+	// content and a torn one, as a host crash may, and checks that tokens
+	// still never go back.
+	TokenFile func(name string) string
 	// Name is the backend's name in lock.Event.Backend. If set, the
 	// Observer test runs, giving lock.WithObserver to New.
 	Name string
@@ -103,6 +109,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Exclusion", s.exclusion)
 	t.Run("MutualExclusion", s.mutualExclusion)
 	t.Run("Tokens", s.tokens)
+	t.Run("TokensAfterCrash", s.tokensAfterCrash)
 	t.Run("Release", s.release)
 	t.Run("ReleaseAfterCancel", s.releaseAfterCancel)
 	t.Run("CancelledAcquire", s.cancelledAcquire)
@@ -1160,5 +1167,50 @@ func (s *suite) config(t *testing.T) {
 	}
 	if _, err := s.NewFactory(t).AsLocker(lock.WithTTL(-1)).(backend.Configured).Config(); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Fatalf("Config() of AsLocker(WithTTL(-1)) = %v; want ErrInvalidOption", err)
+	}
+}
+
+// tokensAfterCrash: a host crash may bring the token counter back with an
+// older content, or a torn one; the next token is still above every token
+// handed out before. Mutex, and semaphore where claimed.
+func (s *suite) tokensAfterCrash(t *testing.T) {
+	if s.TokenFile == nil {
+		t.Skip("backend gave no TokenFile")
+	}
+	limits := []int{1}
+	if s.Semaphore {
+		limits = append(limits, 3)
+	}
+	for _, limit := range limits {
+		name := s.name(t, fmt.Sprint(limit))
+		l := s.New(t, lock.WithMaxConcurrent(limit))
+		var last uint64
+		next := func(what string) {
+			t.Helper()
+			h := s.mustAcquire(t, l, name)
+			if h.Token() <= last {
+				t.Fatalf("limit %d, %s: token %d after %d", limit, what, h.Token(), last)
+			}
+			last = h.Token()
+			s.mustRelease(t, h)
+		}
+		next("first")
+		file := s.TokenFile(name)
+		old, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			next("fresh")
+		}
+		for _, c := range []struct {
+			what string
+			data []byte
+		}{{"after the file was reverted", old}, {"after a torn write", old[:len(old)/2]}, {"after a second revert", old}} {
+			if err := os.WriteFile(file, c.data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			next(c.what)
+		}
 	}
 }
