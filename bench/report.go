@@ -233,8 +233,36 @@ func (r *Result) contMarkdown(b *strings.Builder) {
 			for _, c := range cs {
 				r.contRow(b, c, cd, true)
 			}
+			floorNote(b, cs, cd)
 		}
 	}
+}
+
+// floorNote puts pglock (a factory each) beside the blocking advisory
+// lock floor of the same table: hand-off p50 and throughput as ratios,
+// and the statements of each.
+func floorNote(b *strings.Builder, cs []*contCase, cd cond) {
+	var ours, floor *contCase
+	for _, c := range cs {
+		switch {
+		case c.err != nil:
+		case c.id == idPglock:
+			ours = c
+		case c.id == idPgBlocking:
+			floor = c
+		}
+	}
+	if ours == nil || floor == nil {
+		return
+	}
+	h, tput, _, _, _ := ours.agg(cd)
+	fh, ftput, _, _, _ := floor.agg(cd)
+	fmt.Fprintf(b, "\npglock, a factory each, against the blocking advisory lock: hand-off p50 %s, acquires/s %s", ratio(float64(h.p50), float64(fh.p50)), ratio(tput, ftput))
+	if w, ok := ours.perAcquire(cd); ok {
+		fw, _ := floor.perAcquire(cd)
+		fmt.Fprintf(b, ", statements per acquisition %.1f against %.1f", w.ops, fw.ops)
+	}
+	b.WriteString(".\n")
 }
 
 func (r *Result) restMarkdown(b *strings.Builder) {
