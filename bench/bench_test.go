@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,8 @@ func TestShort(t *testing.T) {
 		want = append(want,
 			"uncontended/idle/postgres/SELECT 1", "uncontended/idle/postgres/try_advisory_lock + unlock",
 			"uncontended/idle/postgres/pglock", "contended/idle/postgres/pglock",
-			"contended/idle/postgres/pglock, one factory", "semaphore/idle/postgres/pglock",
+			"contended/idle/postgres/pglock, one factory", "contended/idle/postgres/pg_advisory_lock (blocking)",
+			"semaphore/idle/postgres/pglock",
 			"connections/postgres")
 	}
 	if r.Down[bench.Etcd] == nil {
@@ -91,6 +93,17 @@ func TestShort(t *testing.T) {
 		}
 	}
 
+	// The servers' own counters were read: every contended case on a
+	// server did some work per acquisition (Postgres's is counted with
+	// idle CPUs only).
+	work := r.ServerWork()
+	for _, k := range want {
+		if strings.HasPrefix(k, "contended/") && !strings.Contains(k, "/memory/") && !strings.Contains(k, "/file/") &&
+			(strings.Contains(k, "/idle/") || !strings.Contains(k, "/postgres/")) && work[k] <= 0 {
+			t.Errorf("case %q: server work per acquisition %v, want > 0", k, work[k])
+		}
+	}
+
 	md := r.Markdown()
 	for _, s := range []string{"## Machine", "## Uncontended acquire+release", "## Contention", "## Semaphore", "## Targets", "| memory/memlock"} {
 		if !strings.Contains(md, s) {
@@ -99,5 +112,44 @@ func TestShort(t *testing.T) {
 	}
 	if testing.Verbose() {
 		t.Log("\n" + md)
+	}
+}
+
+// TestServerWork checks that Postgres's statement count of a contended
+// window is complete: the blocking advisory lock floor runs exactly two
+// statements per acquisition (lock and unlock), so anything less means
+// counts of the window were missed. Other clients of the database can
+// only add to it. A crowd of 3 waiters runs the crowd cases' path.
+func TestServerWork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := bench.ShortConfig()
+	cfg.NoBusy = true
+	cfg.Waiters = []int{8, 3}
+	cfg.Only = regexp.MustCompile(`^contended(-3)?/postgres/pg_advisory_lock|^contended-3/redis/redislock$`)
+	r, err := bench.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Down[bench.Postgres]; err != nil {
+		testenv.Unavailable(t, bench.Postgres, err)
+	}
+	for _, p := range r.Problems() {
+		t.Error(p)
+	}
+	work := r.ServerWork()
+	t.Logf("server work per acquisition: %v", work)
+	for _, k := range []string{"contended/idle/postgres/pg_advisory_lock (blocking)", "contended-3/idle/postgres/pg_advisory_lock (blocking)"} {
+		if got, ok := work[k]; !ok || got < 2 {
+			t.Errorf("%s: %.2f statements per acquisition (counted: %v), want at least 2", k, got, ok)
+		}
+	}
+	if r.Down[bench.Redis] == nil {
+		if k := "contended-3/idle/redis/redislock"; work[k] <= 0 {
+			t.Errorf("%s: %v calls per acquisition, want > 0", k, work[k])
+		}
+	}
+	if testing.Verbose() {
+		t.Log("\n" + r.Markdown())
 	}
 }

@@ -55,6 +55,7 @@ const (
 	idSelect1    = "postgres/SELECT 1"
 	idPgFloor    = "postgres/try_advisory_lock + unlock"
 	idPglock     = "postgres/pglock"
+	idPgBlocking = "postgres/pg_advisory_lock (blocking)"
 	idEtcdGet    = "etcd/Get"
 	idEtcdPut    = "etcd/Put"
 	idEtcdFloor  = "etcd/txn put-if-absent + delete"

@@ -2,10 +2,12 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,18 +47,20 @@ func holding[H interface{ Release() error }](acquire func(context.Context) (H, e
 	}
 }
 
-// contCase is a contended case: cfg.Waiters contenders on one name, each
-// taking the lock (or a permit) and giving it back at once, as fast as
-// they can.
+// contCase is a contended case: n contenders on one name, each taking the
+// lock (or a permit) and giving it back at once, as fast as they can.
 type contCase struct {
 	id      string
 	service string
 	label   string
 	kind    kind
+	n       int           // contenders
 	rtt     string        // one round trip of the same service, by opCase id
 	limit   int           // 1: mutex; n: semaphore of n permits
 	hold    time.Duration // how long each holder keeps the lock
 	cs      []contender
+	build   pgBuild  // Postgres: makes the contenders on a pool, for pgCount
+	count   *contRes // Postgres: the round of pgCount, on connections of its own
 	err     error
 	overrun atomic.Bool  // more than limit holders were ever inside at once
 	maxIn   atomic.Int32 // most holders seen inside at once
@@ -70,6 +74,9 @@ type contRes struct {
 	fewest     int           // acquisitions of the least lucky contender
 	most       int           // and of the luckiest
 	total      int           // acquisitions of all
+	retakes    int           // acquisitions by the contender that held the lock just before (mutex only)
+	work       work          // what the service counted over the round
+	counted    bool          // work was counted
 }
 
 // contClients are the per-contender clients, shared by the cases of one
@@ -82,11 +89,14 @@ type contClients struct {
 	errs  map[string]error
 }
 
-func (e *env) contenderClients(ctx context.Context) *contClients {
-	cc := e.cc
+func (e *env) contenderClients(ctx context.Context, n int) *contClients {
+	cc := e.cc[n]
+	if cc == nil {
+		cc = &contClients{}
+		e.cc[n] = cc
+	}
 	cc.once.Do(func() {
 		cc.errs = map[string]error{}
-		n := e.cfg.Waiters
 		if e.available(Redis) {
 			for i := 0; i < n; i++ {
 				c, err := dialRedis(ctx, nil)
@@ -111,8 +121,9 @@ func (e *env) contenderClients(ctx context.Context) *contClients {
 		}
 		if e.available(Postgres) {
 			// Each pglock factory takes up to two lock sessions and a
-			// listener out of the pool.
-			p, err := dialPostgres(ctx, int32(3*n+4), nil)
+			// listener out of the pool, and the blocking advisory lock
+			// floor holds one connection per contender.
+			p, err := dialPostgresApp(ctx, e.pgConns(ctx, 4*n+4), benchApp)
 			if err != nil {
 				cc.errs[Postgres] = err
 			} else {
@@ -124,18 +135,40 @@ func (e *env) contenderClients(ctx context.Context) *contClients {
 	return cc
 }
 
+// pgConns is how many connections the contenders' pool may open: want,
+// or what the server has left if that is less (keeping some for the rest
+// of the benchmark and for other clients of the server).
+func (e *env) pgConns(ctx context.Context, want int) int32 {
+	const reserve = 40
+	var limit, used int
+	err := e.pool.QueryRow(ctx, "SELECT current_setting('max_connections')::int, (SELECT count(*) FROM pg_stat_activity)").Scan(&limit, &used)
+	if err == nil && limit-used-reserve < want {
+		want = max(limit-used-reserve, 4)
+	}
+	return int32(want)
+}
+
 // contendedCases builds the mutex cases (limit 1, with the peers) or the
-// semaphore cases (limit n, ours only: the peers have no semaphore).
-func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
-	n := e.cfg.Waiters
-	cc := e.contenderClients(ctx)
+// semaphore cases (limit n, ours only: the peers have no semaphore) for n
+// contenders. A crowd (n other than the first of cfg.Waiters) has only
+// the network backends' cases with a factory (or client) per contender,
+// the way many processes would wait.
+func contendedCases(ctx context.Context, e *env, limit, n int) []*contCase {
+	cc := e.contenderClients(ctx, n)
+	crowd := n != e.cfg.waiters()
 	name := "contended"
 	if limit > 1 {
 		name = "semaphore"
 	}
+	if crowd {
+		name = fmt.Sprintf("%s-%d", name, n)
+	}
 	var out []*contCase
 	add := func(c *contCase) {
-		c.limit = limit
+		if crowd && (c.service == "" || strings.Contains(c.id, "one factory")) {
+			return
+		}
+		c.limit, c.n = limit, n
 		if limit > 1 {
 			// Long enough for the permits to overlap, so that the
 			// semaphore shows it admits up to limit holders at once.
@@ -176,27 +209,66 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 	}
 
 	if e.available(Postgres) {
-		c := &contCase{id: "postgres/pglock", service: Postgres, rtt: idSelect1, label: "pglock, a factory each", kind: oursKind, err: cc.errs[Postgres]}
-		if c.err == nil {
-			c.cs = contenders(n, func(int) contender {
-				f := pglock.NewFactory(cc.pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
-					pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName("ubgo-lock-bench"))
-				e.defer_(func() { f.Close() })
-				return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
-			})
-		}
-		add(c)
-		if limit == 1 {
-			c := &contCase{id: "postgres/pglock, one factory", service: Postgres, rtt: idSelect1, label: "pglock, one factory for all", kind: oursKind, err: cc.errs[Postgres]}
+		// The Postgres cases are built by a function of the pool, so that
+		// pgCount can build them again on connections of their own.
+		pgCase := func(c *contCase, build pgBuild) {
+			c.build = build
 			if c.err == nil {
-				f := pglock.NewFactory(cc.pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
-					pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName("ubgo-lock-bench"))
-				e.defer_(func() { f.Close() })
-				c.cs = contenders(n, func(int) contender {
-					return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
-				})
+				c.cs, c.err = build(ctx, cc.pool, benchApp, e.defer_)
 			}
 			add(c)
+		}
+		pgCase(&contCase{id: idPglock, service: Postgres, rtt: idSelect1, label: "pglock, a factory each", kind: oursKind, err: cc.errs[Postgres]},
+			func(ctx context.Context, pool *pgxpool.Pool, app string, defer_ func(func())) ([]contender, error) {
+				return contenders(n, func(int) contender {
+					f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
+						pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName(app))
+					defer_(func() { f.Close() })
+					return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
+				}), nil
+			})
+		if limit == 1 {
+			pgCase(&contCase{id: idPglock + ", one factory", service: Postgres, rtt: idSelect1, label: "pglock, one factory for all", kind: oursKind, err: cc.errs[Postgres]},
+				func(ctx context.Context, pool *pgxpool.Pool, app string, defer_ func(func())) ([]contender, error) {
+					f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
+						pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName(app))
+					defer_(func() { f.Close() })
+					return contenders(n, func(int) contender {
+						return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
+					}), nil
+				})
+			// The floor of a wait on Postgres: the server queues the
+			// blocked sessions and wakes one per unlock, in order.
+			pgCase(&contCase{id: idPgBlocking, service: Postgres, rtt: idSelect1, kind: floorKind, err: cc.errs[Postgres],
+				label: "pg_advisory_lock (blocking) + pg_advisory_unlock, a connection each"},
+				func(ctx context.Context, pool *pgxpool.Pool, _ string, defer_ func(func())) ([]contender, error) {
+					const key = int64(0x75626f2d636f6e74) // arbitrary, outside pglock's keys
+					var first error
+					cs := contenders(n, func(int) contender {
+						pc, err := pool.Acquire(ctx)
+						if err != nil {
+							first = cmpOr(first, err)
+							return contender{}
+						}
+						defer_(pc.Release)
+						conn := pc.Conn()
+						return contender{
+							lock: func(ctx context.Context) error {
+								_, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key)
+								return err
+							},
+							unlock: func() error {
+								var ok bool
+								err := conn.QueryRow(context.Background(), "SELECT pg_advisory_unlock($1)", key).Scan(&ok)
+								if err == nil && !ok {
+									err = errors.New("pg_advisory_unlock: not held")
+								}
+								return err
+							},
+						}
+					})
+					return cs, first
+				})
 		}
 	}
 
@@ -229,7 +301,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 			c := &contCase{id: idBsm, service: Redis, rtt: idPing, kind: peerKind, err: err,
 				label: fmt.Sprintf("bsm/redislock, polling every %v, a client each", poll)}
 			if err == nil {
-				key := e.prefix + "bsm-contended"
+				key := e.prefix + "bsm-" + name
 				c.cs = contenders(n, func(i int) contender {
 					b := bsm.New(cc.redis[i])
 					opt := &bsm.Options{RetryStrategy: bsm.LinearBackoff(poll)}
@@ -244,7 +316,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 			c = &contCase{id: idRedsync, service: Redis, rtt: idPing, kind: peerKind, err: err,
 				label: fmt.Sprintf("redsync, polling every %v, a client each", poll)}
 			if err == nil {
-				key := e.prefix + "redsync-contended"
+				key := e.prefix + "redsync-" + name
 				c.cs = contenders(n, func(i int) contender {
 					m := redsync.New(redsyncgoredis.NewPool(cc.redis[i])).NewMutex(key,
 						redsync.WithExpiry(30*time.Second), redsync.WithTries(math.MaxInt32), redsync.WithRetryDelay(poll))
@@ -292,7 +364,7 @@ func contendedCases(ctx context.Context, e *env, limit int) []*contCase {
 						return contender{}
 					}
 					e.defer_(func() { s.Close() })
-					m := concurrency.NewMutex(s, e.prefix+"mutex-contended")
+					m := concurrency.NewMutex(s, e.prefix+"mutex-"+name)
 					return contender{lock: m.Lock, unlock: func() error { return m.Unlock(context.Background()) }}
 				})
 			}
@@ -314,8 +386,10 @@ func contenders(n int, mk func(i int) contender) []contender {
 }
 
 // runContended runs every contended case cfg.CRounds times in each
-// condition, rotating the order each round.
-func runContended(ctx context.Context, cases []*contCase, cfg Config, sp *spinner) {
+// condition, rotating the order each round. The cases run one at a time,
+// never two at once: the servers' counters of one case's round must see
+// no other case's work.
+func runContended(ctx context.Context, cases []*contCase, cfg Config, sp *spinner, ctr *counters) {
 	for _, c := range cases {
 		// Warm up: every contender once, alone (dials, leases, watches).
 		for _, ct := range c.cs {
@@ -333,7 +407,7 @@ func runContended(ctx context.Context, cases []*contCase, cfg Config, sp *spinne
 			for i := range cases {
 				c := cases[(i+r)%len(cases)]
 				if c.err == nil {
-					c.round(ctx, cd, cfg.Contend)
+					c.round(ctx, cd, cfg.Contend, ctr)
 				}
 			}
 		}
@@ -341,8 +415,38 @@ func runContended(ctx context.Context, cases []*contCase, cfg Config, sp *spinne
 	sp.set(false)
 }
 
-// round lets the contenders run for d and records one contRes.
-func (c *contCase) round(ctx context.Context, cd cond, d time.Duration) {
+// round lets the contenders run for d and records one contRes, with the
+// service's own count of its work over the round where ctr counts it.
+func (c *contCase) round(ctx context.Context, cd cond, d time.Duration, ctr *counters) {
+	count := ctr.counts(c.service)
+	var w0 work
+	if count {
+		var err error
+		if w0, err = ctr.read(ctx, c.service); err != nil {
+			c.err = fmt.Errorf("reading %s's counters: %w", c.service, err)
+			return
+		}
+	}
+	res, err := c.window(ctx, c.cs, d)
+	if err != nil {
+		c.err = err
+		return
+	}
+	if count {
+		w1, err := ctr.read(ctx, c.service)
+		if err != nil {
+			c.err = fmt.Errorf("reading %s's counters: %w", c.service, err)
+			return
+		}
+		res.work, res.counted = w1.sub(w0), true
+	}
+	c.res[cd] = append(c.res[cd], res)
+}
+
+// window lets the contenders cs run for d. Each finishes the acquisition
+// it is waiting for when d is up, so every acquisition the servers saw
+// is counted.
+func (c *contCase) window(ctx context.Context, cs []contender, d time.Duration) (contRes, error) {
 	hold := c.hold
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
@@ -351,8 +455,9 @@ func (c *contCase) round(ctx context.Context, cd cond, d time.Duration) {
 		handoffs  []time.Duration
 		lastStart time.Time // when the last holder started its release
 		lastBy    = -1
+		retakes   int
 		maxWait   time.Duration
-		counts    = make([]int, len(c.cs))
+		counts    = make([]int, len(cs))
 		firstErr  error
 		inside    atomic.Int32
 		wg        sync.WaitGroup
@@ -360,7 +465,7 @@ func (c *contCase) round(ctx context.Context, cd cond, d time.Duration) {
 	start := time.Now()
 	deadline := start.Add(d)
 	var end atomic.Int64
-	for i, ct := range c.cs {
+	for i, ct := range cs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -384,8 +489,12 @@ func (c *contCase) round(ctx context.Context, cd cond, d time.Duration) {
 				rec.Lock()
 				counts[i]++
 				maxWait = max(maxWait, t1.Sub(t0))
-				if c.limit == 1 && lastBy >= 0 && lastBy != i {
-					handoffs = append(handoffs, t1.Sub(lastStart))
+				if c.limit == 1 && lastBy >= 0 {
+					if lastBy != i {
+						handoffs = append(handoffs, t1.Sub(lastStart))
+					} else {
+						retakes++
+					}
 				}
 				rec.Unlock()
 				if hold > 0 {
@@ -409,22 +518,22 @@ func (c *contCase) round(ctx context.Context, cd cond, d time.Duration) {
 	}
 	wg.Wait()
 	if firstErr != nil {
-		c.err = firstErr
-		return
+		return contRes{}, firstErr
 	}
 	total, fewest, most := 0, math.MaxInt, 0
 	for _, n := range counts {
 		total += n
 		fewest, most = min(fewest, n), max(most, n)
 	}
-	c.res[cd] = append(c.res[cd], contRes{
+	return contRes{
 		handoff:    summarize(handoffs),
 		throughput: float64(total) / time.Duration(end.Load()).Seconds(),
 		maxWait:    maxWait,
 		fewest:     fewest,
 		most:       most,
 		total:      total,
-	})
+		retakes:    retakes,
+	}, nil
 }
 
 func cmpOr(a, b error) error {

@@ -38,7 +38,7 @@ type env struct {
 	etcd  *clientv3.Client
 	rts   map[string]*rtCounter // round trips made on rdb, pool and etcd, by service
 	down  map[string]error      // services that could not be reached
-	cc    *contClients
+	cc    map[int]*contClients  // by number of contenders
 	close []func()
 }
 
@@ -66,7 +66,7 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &env{cfg: cfg, dir: dir, down: map[string]error{}, cc: &contClients{},
+	e := &env{cfg: cfg, dir: dir, down: map[string]error{}, cc: map[int]*contClients{},
 		rts:    map[string]*rtCounter{Redis: {}, Postgres: {}, Etcd: {}},
 		prefix: fmt.Sprintf("ubgo-lock-bench/%d/", time.Now().UnixNano())}
 	e.defer_(func() { os.RemoveAll(dir) })
@@ -107,9 +107,22 @@ func dialRedis(ctx context.Context, rts *rtCounter) (*redis.Client, error) {
 // dialPostgres opens a pool; maxConns 0 keeps pgx's default; rts, if not
 // nil, counts the round trips.
 func dialPostgres(ctx context.Context, maxConns int32, rts *rtCounter) (*pgxpool.Pool, error) {
+	return dialPostgresWith(ctx, maxConns, rts, "")
+}
+
+// dialPostgresApp opens a pool whose connections have application_name
+// app, so that they can be found in pg_stat_activity.
+func dialPostgresApp(ctx context.Context, maxConns int32, app string) (*pgxpool.Pool, error) {
+	return dialPostgresWith(ctx, maxConns, nil, app)
+}
+
+func dialPostgresWith(ctx context.Context, maxConns int32, rts *rtCounter, app string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
 	if err != nil {
 		return nil, err
+	}
+	if app != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
 	}
 	if rts != nil {
 		cfg.ConnConfig.DialFunc = rts.dial(cfg.ConnConfig.DialFunc)

@@ -148,8 +148,8 @@ func (r *Result) Markdown() string {
 			w("- %s: %s\n", s, v)
 		}
 	}
-	w("- run: %s, %s; %d uncontended rounds of %v per case and condition, %d contended rounds of %v, %d waiters, %d held locks\n",
-		m.Date.Format("2006-01-02 15:04 UTC"), fmtDur(r.Elapsed.Round(time.Second)), cfg.Rounds, cfg.Batch, cfg.CRounds, cfg.Contend, cfg.Waiters, cfg.Held)
+	w("- run: %s, %s; %d uncontended rounds of %v per case and condition, %d contended rounds of %v, %s waiters, %d held locks\n",
+		m.Date.Format("2006-01-02 15:04 UTC"), fmtDur(r.Elapsed.Round(time.Second)), cfg.Rounds, cfg.Batch, cfg.CRounds, cfg.Contend, waitersText(cfg.Waiters), cfg.Held)
 	w("- 1-minute load average %s at the start, %s at the end (the benchmark itself adds about 1)\n", m.Load[0], m.Load[1])
 	if r.BusyNote != "" {
 		w("- busy condition not measured: %s\n", r.BusyNote)
@@ -201,25 +201,75 @@ func (r *Result) opsMarkdown(b *strings.Builder) {
 
 }
 
+func waitersText(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, " and ")
+}
+
 func (r *Result) contMarkdown(b *strings.Builder) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	cfg := r.Config
-	w("\n## Contention: %d waiters on one name (WithWait)\n\n", cfg.Waiters)
-	w("Each waiter takes the lock and gives it back at once, for %v per round. Hand-off: from the holder calling Release to the next holder's Acquire returning, counted when the lock passes to another waiter. \"RTs\" is hand-off p50 over one round trip of the service (PING, SELECT 1, etcd Put) in the same condition. Max wait is the longest single Acquire over all rounds (starvation); acquisitions per waiter show fairness. Exclusion: no two holders were ever seen inside at once.\n", cfg.Contend)
-	for _, cd := range r.conditions() {
-		w("\n### %s\n\n", condTitle(cd))
-		w("| case | kind | hand-off p50 | p99 | mean | RTs | acquires/s | × best peer | max wait | per waiter | exclusion |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, n := range cfg.Waiters {
+		var cs []*contCase
 		for _, c := range r.contended {
-			r.contRow(b, c, cd, true)
+			if c.n == n {
+				cs = append(cs, c)
+			}
+		}
+		if len(cs) == 0 {
+			continue
+		}
+		w("\n## Contention: %d waiters on one name (WithWait)\n\n", n)
+		if n != cfg.waiters() {
+			w("The network backends' cases with a factory (or client) per waiter, as %d processes would wait.\n\n", n)
+		}
+		w("Each waiter takes the lock and gives it back at once, for %v per round. Hand-off: from the holder calling Release to the next holder's Acquire returning, counted when the lock passes to another waiter. \"RTs\" is hand-off p50 over one round trip of the service (PING, SELECT 1, etcd Put) in the same condition. Server work per acquisition is counted by the server over the round: Postgres statements (the database's xact_commit, in one more round of 2 passes on connections of the case's own, idle CPUs only), Redis commands and the scripts among them (INFO commandstats), etcd unary RPCs and keys written (its /metrics). Re-takes: the share of acquisitions made by the waiter that had just released. Max wait is the longest single Acquire over all rounds (starvation); acquisitions per waiter show fairness. Exclusion: no two holders were ever seen inside at once.\n", cfg.Contend)
+		for _, cd := range r.conditions() {
+			w("\n### %s\n\n", condTitle(cd))
+			w("| case | kind | hand-off p50 | p99 | mean | RTs | acquires/s | × best peer | server work/acq | re-takes | max wait | per waiter | exclusion |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+			for _, c := range cs {
+				r.contRow(b, c, cd, true)
+			}
+			floorNote(b, cs, cd)
 		}
 	}
+}
+
+// floorNote puts pglock (a factory each) beside the blocking advisory
+// lock floor of the same table: hand-off p50 and throughput as ratios,
+// and the statements of each.
+func floorNote(b *strings.Builder, cs []*contCase, cd cond) {
+	var ours, floor *contCase
+	for _, c := range cs {
+		switch {
+		case c.err != nil:
+		case c.id == idPglock:
+			ours = c
+		case c.id == idPgBlocking:
+			floor = c
+		}
+	}
+	if ours == nil || floor == nil {
+		return
+	}
+	h, tput, _, _, _ := ours.agg(cd)
+	fh, ftput, _, _, _ := floor.agg(cd)
+	fmt.Fprintf(b, "\npglock, a factory each, against the blocking advisory lock: hand-off p50 %s, acquires/s %s", ratio(float64(h.p50), float64(fh.p50)), ratio(tput, ftput))
+	if w, ok := ours.perAcquire(cd); ok {
+		fw, _ := floor.perAcquire(cd)
+		fmt.Fprintf(b, ", statements per acquisition %.1f against %.1f", w.ops, fw.ops)
+	}
+	b.WriteString(".\n")
 }
 
 func (r *Result) restMarkdown(b *strings.Builder) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	cfg := r.Config
 	if len(r.semaphore) > 0 {
-		w("\n## Semaphore: %d waiters on %d permits\n\n", cfg.Waiters, r.semaphore[0].limit)
+		w("\n## Semaphore: %d waiters on %d permits\n\n", cfg.waiters(), r.semaphore[0].limit)
 		w("Each holder keeps its permit for %v, so at most %d × 1/(%v + acquire+release) acquisitions per second are possible. Exclusion: never more than %d holders seen inside at once.\n",
 			semHold, r.semaphore[0].limit, semHold, r.semaphore[0].limit)
 		for _, cd := range r.conditions() {
@@ -341,19 +391,73 @@ func (r *Result) contRow(b *strings.Builder, c *contCase, cd cond, mutex bool) {
 		rt = ratio(float64(h.p50), float64(r.p50(c.rtt, cd)))
 	}
 	if c.kind == oursKind {
-		if best := r.bestContPeer(groupOf(c.id), cd); best > 0 {
+		if best := r.bestContPeer(groupOf(c.id), c.n, cd); best > 0 {
 			bp = ratio(tput, best)
 		}
 	}
-	fmt.Fprintf(b, "| %s — %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %d–%d | %s |\n", c.id, c.label, c.kind,
-		fmtDur(h.p50), fmtDur(h.p99), fmtDur(h.mean), rt, tput, bp, fmtDur(mw), fewest, most, excl)
+	retakes := "—"
+	if share, ok := c.retakeShare(cd); ok {
+		retakes = fmt.Sprintf("%.0f %%", 100*share)
+	}
+	fmt.Fprintf(b, "| %s — %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s | %s | %d–%d | %s |\n", c.id, c.label, c.kind,
+		fmtDur(h.p50), fmtDur(h.p99), fmtDur(h.mean), rt, tput, bp, c.workText(cd), retakes, fmtDur(mw), fewest, most, excl)
 }
 
-// bestContPeer is the highest contended throughput of a peer in group.
-func (r *Result) bestContPeer(group string, cd cond) float64 {
+// perAcquire is the median over the counted rounds of the server's work
+// per acquisition.
+func (c *contCase) perAcquire(cd cond) (work, bool) {
+	rr := c.res[cd]
+	if c.service == Postgres {
+		// Counted in a round of its own, with idle CPUs (pgCount).
+		rr = nil
+		if c.count != nil && cd == idle {
+			rr = []contRes{*c.count}
+		}
+	}
+	var ops, scripts, writes []float64
+	for _, x := range rr {
+		if x.counted && x.total > 0 {
+			n := float64(x.total)
+			ops, scripts, writes = append(ops, x.work.ops/n), append(scripts, x.work.scripts/n), append(writes, x.work.writes/n)
+		}
+	}
+	return work{ops: median(ops), scripts: median(scripts), writes: median(writes)}, len(ops) > 0
+}
+
+func (c *contCase) workText(cd cond) string {
+	w, ok := c.perAcquire(cd)
+	if !ok {
+		return "—"
+	}
+	switch c.service {
+	case Postgres:
+		return fmt.Sprintf("%.1f statements", w.ops)
+	case Redis:
+		return fmt.Sprintf("%.1f calls, %.1f scripts", w.ops, w.scripts)
+	case Etcd:
+		return fmt.Sprintf("%.1f RPCs, %.1f writes", w.ops, w.writes)
+	}
+	return "—"
+}
+
+// retakeShare is the median over rounds of the share of acquisitions made
+// by the contender that had just released the lock.
+func (c *contCase) retakeShare(cd cond) (float64, bool) {
+	var xs []float64
+	for _, x := range c.res[cd] {
+		if x.total > 0 {
+			xs = append(xs, float64(x.retakes)/float64(x.total))
+		}
+	}
+	return median(xs), len(xs) > 0
+}
+
+// bestContPeer is the highest contended throughput of a peer in group
+// with n contenders.
+func (r *Result) bestContPeer(group string, n int, cd cond) float64 {
 	var best float64
 	for _, c := range r.contended {
-		if c.kind == peerKind && c.err == nil && groupOf(c.id) == group {
+		if c.kind == peerKind && c.err == nil && groupOf(c.id) == group && c.n == n {
 			_, t, _, _, _ := c.agg(cd)
 			best = max(best, t)
 		}
@@ -461,10 +565,10 @@ func (r *Result) Problems() []string {
 	for _, group := range [][]*contCase{r.contended, r.semaphore} {
 		for _, c := range group {
 			if c.err != nil {
-				ps = append(ps, fmt.Sprintf("contended %s (limit %d): %v", c.id, c.limit, c.err))
+				ps = append(ps, fmt.Sprintf("contended %s (%d waiters, limit %d): %v", c.id, c.n, c.limit, c.err))
 			}
 			if c.overrun.Load() {
-				ps = append(ps, fmt.Sprintf("contended %s (limit %d): more than %d holders at once", c.id, c.limit, c.limit))
+				ps = append(ps, fmt.Sprintf("contended %s (%d waiters, limit %d): more than %d holders at once", c.id, c.n, c.limit, c.limit))
 			}
 		}
 	}
@@ -490,15 +594,18 @@ func (r *Result) Counts() map[string]int {
 			out["uncontended/"+cd.String()+"/"+c.id] = c.summary(cd).n
 		}
 		for _, sec := range []struct {
-			name string
+			name func(*contCase) string
 			cs   []*contCase
-		}{{"contended", r.contended}, {"semaphore", r.semaphore}} {
+		}{
+			{func(c *contCase) string { return r.Config.contSection(c.n) }, r.contended},
+			{func(*contCase) string { return "semaphore" }, r.semaphore},
+		} {
 			for _, c := range sec.cs {
 				n := 0
 				for _, x := range c.res[cd] {
 					n += x.total
 				}
-				out[sec.name+"/"+cd.String()+"/"+c.id] = n
+				out[sec.name(c)+"/"+cd.String()+"/"+c.id] = n
 			}
 		}
 	}
@@ -507,6 +614,21 @@ func (r *Result) Counts() map[string]int {
 	}
 	for _, c := range r.conns {
 		out["connections/postgres"] = c.conns
+	}
+	return out
+}
+
+// ServerWork reports the server's work per acquisition of each contended
+// case it was counted for (Postgres statements, Redis commands, etcd unary
+// RPCs), keyed as Counts keys them.
+func (r *Result) ServerWork() map[string]float64 {
+	out := map[string]float64{}
+	for _, cd := range r.conditions() {
+		for _, c := range r.contended {
+			if w, ok := c.perAcquire(cd); ok && c.err == nil {
+				out[r.Config.contSection(c.n)+"/"+cd.String()+"/"+c.id] = w.ops
+			}
+		}
 	}
 	return out
 }

@@ -29,13 +29,14 @@ type Config struct {
 	MinOps   int            // at least this many operations per batch
 	MaxOps   int            // at most this many operations per batch
 	Warmup   int            // untimed operations per case before the first round
-	Waiters  int            // contenders on one name
+	Waiters  []int          // contenders on one name: the first for every contended and semaphore case, the others (crowds) for the network backends' mutex cases
 	Permits  int            // semaphore size for the semaphore cases
 	Contend  time.Duration  // time per contended case per round and condition
 	CRounds  int            // rounds of the contended and semaphore cases
 	Held     int            // locks held for the renewal and connection cases
 	RRounds  int            // rounds of the renewal cases
 	PeerPoll time.Duration  // retry interval of the peers that poll while waiting
+	PgCount  bool           // count the Postgres cases' statements (two more passes of each, see pgCount)
 	NoBusy   bool           // skip the busy condition
 	Only     *regexp.Regexp // run only the cases whose "section/id" matches (uncontended/redis/PING, renewal/etcd/etcdlock, ...); nil: all
 	Log      io.Writer      // progress; nil: none
@@ -46,12 +47,30 @@ func (c Config) want(section, id string) bool {
 	return c.Only == nil || c.Only.MatchString(section+"/"+id)
 }
 
-// DefaultConfig is what make bench runs: about five minutes on two cores.
+// waiters is the first number of contenders: the one every contended
+// case runs with.
+func (c Config) waiters() int {
+	if len(c.Waiters) == 0 {
+		return 8
+	}
+	return c.Waiters[0]
+}
+
+// contSection is the report section of the mutex cases with n contenders:
+// "contended" for the first, "contended-64" for a crowd of 64.
+func (c Config) contSection(n int) string {
+	if n == c.waiters() {
+		return "contended"
+	}
+	return fmt.Sprintf("contended-%d", n)
+}
+
+// DefaultConfig is what make bench runs: about six minutes on two cores.
 func DefaultConfig() Config {
 	return Config{
 		Runs: 5, Rounds: 7, Batch: 120 * time.Millisecond, MinOps: 20, MaxOps: 20000, Warmup: 20,
-		Waiters: 8, Permits: 4, Contend: 400 * time.Millisecond, CRounds: 3,
-		Held: 10000, RRounds: 3, PeerPoll: time.Millisecond,
+		Waiters: []int{8, 64}, Permits: 4, Contend: 400 * time.Millisecond, CRounds: 3,
+		Held: 10000, RRounds: 3, PeerPoll: time.Millisecond, PgCount: true,
 	}
 }
 
@@ -60,8 +79,8 @@ func DefaultConfig() Config {
 func ShortConfig() Config {
 	return Config{
 		Runs: 2, Rounds: 2, Batch: time.Millisecond, MinOps: 3, MaxOps: 5, Warmup: 1,
-		Waiters: 8, Permits: 4, Contend: 60 * time.Millisecond, CRounds: 1,
-		Held: 200, RRounds: 1, PeerPoll: time.Millisecond,
+		Waiters: []int{8}, Permits: 4, Contend: 60 * time.Millisecond, CRounds: 1,
+		Held: 200, RRounds: 1, PeerPoll: time.Millisecond, PgCount: true,
 	}
 }
 
@@ -143,11 +162,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	r.ops = pool(r.runs)
 
-	r.contended = filter(contendedCases(ctx, e, 1), func(c *contCase) bool { return cfg.want("contended", c.id) })
-	r.semaphore = filter(contendedCases(ctx, e, cfg.Permits), func(c *contCase) bool { return cfg.want("semaphore", c.id) })
-	logf("contended: %d mutex and %d semaphore cases × %d rounds", len(r.contended), len(r.semaphore), cfg.CRounds)
-	runContended(ctx, append(append([]*contCase{}, r.contended...), r.semaphore...), cfg, sp)
+	for _, n := range cfg.Waiters {
+		r.contended = append(r.contended, filter(contendedCases(ctx, e, 1, n), func(c *contCase) bool { return cfg.want(cfg.contSection(n), c.id) })...)
+	}
+	r.semaphore = filter(contendedCases(ctx, e, cfg.Permits, cfg.waiters()), func(c *contCase) bool { return cfg.want("semaphore", c.id) })
+	logf("contended: %d mutex and %d semaphore cases × %d rounds (%v waiters)", len(r.contended), len(r.semaphore), cfg.CRounds, cfg.Waiters)
+	runContended(ctx, append(append([]*contCase{}, r.contended...), r.semaphore...), cfg, sp, newCounters(e))
 	e.closeFrom(m)
+	if cfg.PgCount {
+		pgCounts(ctx, e, r.contended, cfg.Contend, logf)
+	}
 
 	logf("renewal of %d held locks", cfg.Held)
 	r.renewal = runRenewal(ctx, e, logf)

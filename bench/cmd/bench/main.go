@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
+	"strings"
 
 	"github.com/ubgo/lock/bench"
 )
@@ -26,19 +28,25 @@ func main() {
 	batch := flag.Duration("batch", d.Batch, "time per uncontended case per round and condition")
 	contend := flag.Duration("contend", d.Contend, "time per contended case per round and condition")
 	crounds := flag.Int("contend-rounds", d.CRounds, "rounds of the contended and semaphore cases")
-	waiters := flag.Int("waiters", d.Waiters, "contenders on one name")
+	waiters := flag.String("waiters", joinInts(d.Waiters), "contenders on one name, comma-separated: every contended case runs with the first, the network backends also with the others")
 	held := flag.Int("held", d.Held, "locks held for the renewal and connection cases")
 	rrounds := flag.Int("renew-rounds", d.RRounds, "rounds of the renewal cases")
+	pgCount := flag.Bool("pg-count", d.PgCount, "count the statements of the contended Postgres cases (two more passes of each, on connections of their own)")
 	poll := flag.Duration("peer-poll", d.PeerPoll, "retry interval of the peers that poll while waiting (bsm/redislock, redsync)")
 	busy := flag.Bool("busy", true, "also measure with a lowest-priority (SCHED_IDLE) busy loop keeping the CPUs awake")
 	only := flag.String("only", "", "run only the cases whose section/id matches this regexp (uncontended/redis/PING, contended/etcd/etcdlock, renewal/redis/redislock, connections/postgres)")
 	quiet := flag.Bool("q", false, "no progress on stderr")
 	flag.Parse()
 
+	ws, err := parseInts(*waiters)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: -waiters:", err)
+		os.Exit(2)
+	}
 	cfg := bench.Config{
 		Runs: *runs, Rounds: *rounds, Batch: *batch, MinOps: d.MinOps, MaxOps: d.MaxOps, Warmup: d.Warmup,
-		Waiters: *waiters, Permits: d.Permits, Contend: *contend, CRounds: *crounds,
-		Held: *held, RRounds: *rrounds, PeerPoll: *poll, NoBusy: !*busy,
+		Waiters: ws, Permits: d.Permits, Contend: *contend, CRounds: *crounds,
+		Held: *held, RRounds: *rrounds, PeerPoll: *poll, PgCount: *pgCount, NoBusy: !*busy,
 	}
 	if *short {
 		cfg = bench.ShortConfig()
@@ -66,4 +74,24 @@ func main() {
 	if ps := r.Problems(); len(ps) > 0 {
 		os.Exit(1)
 	}
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q: want positive numbers, comma-separated", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
