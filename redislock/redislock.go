@@ -392,8 +392,11 @@ func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, ch strin
 // so this cannot touch anyone else's), which also writes the id's
 // tombstone. It runs in the background, bounded by its own timeout: the
 // caller's ctx may be over, and a server that does not answer would
-// otherwise keep the caller waiting for that long. Close waits for it.
-func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
+// otherwise keep the caller waiting for that long. Close waits for it. It
+// also takes the id out of the name's queue and, if that frees the name,
+// tells the next waiter. The channel is closed when it is done.
+func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) <-chan struct{} {
+	done := make(chan struct{})
 	f.mu.Lock()
 	tracked := !f.closed // Close may be waiting on wg already
 	if tracked {
@@ -401,23 +404,32 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 	}
 	f.mu.Unlock()
 	go func() {
+		defer close(done)
 		if tracked {
 			defer f.wg.Done()
 		}
-		f.leave(ctx, k, id, ls)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
+		defer cancel()
+		s, keys, args := f.releaseCall(k, id, ls)
+		s.Run(cctx, f.c, keys, args...)
 	}()
+	return done
 }
 
-// leave runs the release script for id, bounded by its own timeout: it
-// releases what the id may hold, takes it out of the queue and, if that
-// frees the name, tells the next waiter. A waiter that gave up runs it
-// before its Acquire returns, so that the name is free for the next caller
-// at once.
+// leaveWait bounds how long a waiter that gave up waits for leaving the
+// queue before its Acquire returns; the cleanup goes on in the background.
+const leaveWait = time.Second
+
+// leave takes a waiter that gave up out of the queue, as abandon does, and
+// waits for it (up to leaveWait), so that when its Acquire returns the name
+// is free for the next caller.
 func (f *Factory) leave(ctx context.Context, k keys, id string, ls lease) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
-	defer cancel()
-	s, keys, args := f.releaseCall(k, id, ls)
-	s.Run(cctx, f.c, keys, args...)
+	t := time.NewTimer(leaveWait)
+	defer t.Stop()
+	select {
+	case <-f.abandon(ctx, k, id, ls):
+	case <-t.C:
+	}
 }
 
 // releaseCall is the script, keys and arguments that release the lock or
