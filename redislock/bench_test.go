@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,4 +211,215 @@ func BenchmarkRenewPass10k(b *testing.B) {
 	k := float64(b.N)
 	b.ReportMetric(float64(ours.Microseconds())/k/1000, "ms/pass")
 	b.ReportMetric(float64(floor.Microseconds())/k/1000, "ms/floor-pass")
+}
+
+// contended is one run of workers taking turns on one name, each with its
+// own factory and client, as separate processes would.
+type contended struct {
+	acquisitions int
+	calls        int64 // commands clients sent (scripts count once), from INFO commandstats
+	all          int64 // every command, also those run inside scripts
+	scripts      int64 // acquire script runs
+	retook       int   // acquisitions by the worker that released last
+	perWorker    []int
+	elapsed      time.Duration
+	maxWait      time.Duration // the longest Acquire
+	handoffP50   time.Duration // from a Release call to the next Acquire's return
+}
+
+func (c contended) String() string {
+	n := float64(c.acquisitions)
+	return fmt.Sprintf("%d acquisitions: %.1f calls/acq (%.1f with script-internal), %.2f acquire scripts/acq, %.0f acq/s, max wait %v, hand-off p50 %v, releaser retook %.0f%%",
+		c.acquisitions, float64(c.calls)/n, float64(c.all)/n, float64(c.scripts)/n, n/c.elapsed.Seconds(),
+		c.maxWait.Round(10*time.Microsecond), c.handoffP50.Round(time.Microsecond), 100*float64(c.retook)/n)
+}
+
+// clientCommands are the commands a client sends; the rest of
+// commandstats is what scripts run inside.
+var clientCommands = map[string]bool{"evalsha": true, "eval": true, "evalsha_ro": true, "eval_ro": true,
+	"subscribe": true, "unsubscribe": true, "ping": true, "script|load": true, "script|exists": true}
+
+// commandStats returns the calls of every command so far: those clients
+// send, and all.
+func commandStats(t testing.TB, rdb *redis.Client) (client, all int64) {
+	t.Helper()
+	s, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(s, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		if name == "info" {
+			continue
+		}
+		n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		all += n
+		if clientCommands[name] {
+			client += n
+		}
+	}
+	return client, all
+}
+
+// pollObtain is what bsm/redislock runs per try (SET NX PX in a script);
+// pollers retry it every millisecond and release with floorRelease.
+var pollObtain = redis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])`)
+
+// runContended has workers (each its own client on addr, and for
+// "redislock" its own factory) take and release one name until total
+// acquisitions are done, on a semaphore of limit permits if limit > 1. mode
+// "poll" is a bsm/redislock-style poller that tries every millisecond.
+func runContended(t testing.TB, addr, mode string, workers, total, limit int) contended {
+	admin := dial(t, addr)
+	ctx := context.Background()
+	name := uniq(t, mode)
+	key := testPrefix + "poll:{" + name + "}"
+	type worker struct {
+		f  *Factory
+		cc *countClient
+	}
+	ws := make([]worker, workers)
+	for i := range ws {
+		cc := &countClient{Client: dial(t, addr)}
+		ws[i] = worker{cc: cc}
+		if mode == "redislock" {
+			ws[i].f = NewFactory(cc, WithKeyPrefix(testPrefix), WithLogger(nil), WithTTL(10*time.Second))
+			defer ws[i].f.Close()
+		}
+		cc.Ping(ctx)
+	}
+	mutexAcquire.Load(ctx, admin)
+	mutexRelease.Load(ctx, admin)
+	pollObtain.Load(ctx, admin)
+	floorRelease.Load(ctx, admin)
+
+	var (
+		mu       sync.Mutex
+		res      = contended{perWorker: make([]int, workers)}
+		handoffs []time.Duration
+		last     = -1
+		released time.Time
+		left     atomic.Int64
+		wg       sync.WaitGroup
+	)
+	left.Store(int64(total))
+	acquire := func(i int) (func(), error) {
+		if mode == "redislock" {
+			h, err := ws[i].f.Acquire(ctx, name, WithWait(), WithMaxConcurrent(limit))
+			if err != nil {
+				return nil, err
+			}
+			return func() { h.Release() }, nil
+		}
+		val := strconv.Itoa(i)
+		for {
+			err := pollObtain.Run(ctx, ws[i].cc, []string{key}, val, 10000).Err()
+			if err != nil && err != redis.Nil {
+				return nil, err
+			}
+			if err == nil { // OK; a nil reply when it is taken
+				return func() { floorRelease.Run(ctx, ws[i].cc, []string{key}, val) }, nil
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c0, a0 := commandStats(t, admin)
+	start := time.Now()
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				t0 := time.Now()
+				release, err := acquire(i)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				res.acquisitions++
+				res.perWorker[i]++
+				res.maxWait = max(res.maxWait, now.Sub(t0))
+				if last == i {
+					res.retook++
+				} else if last >= 0 {
+					handoffs = append(handoffs, now.Sub(released))
+				}
+				last = i
+				released = time.Now()
+				mu.Unlock()
+				n := left.Add(-1)
+				release()
+				if n <= 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	c1, a1 := commandStats(t, admin)
+	res.calls, res.all = c1-c0, a1-a0
+	for _, w := range ws {
+		res.scripts += w.cc.acquires.Load()
+	}
+	if mode == "poll" {
+		res.scripts = res.calls - int64(res.acquisitions) // every try but the releases
+	}
+	slices.Sort(handoffs)
+	if len(handoffs) > 0 {
+		res.handoffP50 = handoffs[len(handoffs)/2]
+	}
+	return res
+}
+
+// TestContendedCalls: with 8 waiting factories on one name, an acquisition
+// costs at most 8 commands from the clients (a release wakes one waiter,
+// not all), and the waiters take turns: none goes without. It runs on a
+// private server, so that other users of the shared one do not add to the
+// counts.
+func TestContendedCalls(t *testing.T) {
+	srv := startServer(t)
+	const workers = 8
+	for _, limit := range []int{1, 3} {
+		r := runContended(t, srv.addr(), "redislock", workers, 50*workers, limit)
+		t.Logf("limit %d: %v", limit, r)
+		if perAcq := float64(r.calls) / float64(r.acquisitions); perAcq > 8 {
+			t.Errorf("limit %d: %.1f calls per acquisition; want at most 8", limit, perAcq)
+		}
+		for i, n := range r.perWorker {
+			if n < 25 { // FIFO turns give each about 50
+				t.Errorf("limit %d: worker %d acquired %d times of %d; want its turn (%v)", limit, i, n, r.acquisitions, r.perWorker)
+			}
+		}
+	}
+}
+
+// BenchmarkContended measures 8 and 64 waiting workers, each with its own
+// factory and client, beside a bsm/redislock-style poller retrying every
+// millisecond, on a private server. Each b.N is one run.
+func BenchmarkContended(b *testing.B) {
+	srv := startServer(b)
+	for _, workers := range []int{8, 64} {
+		for _, mode := range []string{"redislock", "poll"} {
+			b.Run(fmt.Sprintf("%s-%d", mode, workers), func(b *testing.B) {
+				for b.Loop() {
+					r := runContended(b, srv.addr(), mode, workers, 2000, 1)
+					b.Log(r)
+					n := float64(r.acquisitions)
+					b.ReportMetric(float64(r.calls)/n, "calls/acq")
+					b.ReportMetric(float64(r.scripts)/n, "acquire-scripts/acq")
+					b.ReportMetric(n/r.elapsed.Seconds(), "acq/s")
+					b.ReportMetric(float64(r.maxWait.Microseconds())/1000, "ms/max-wait")
+					b.ReportMetric(float64(r.handoffP50.Microseconds()), "µs/handoff-p50")
+					b.ReportMetric(100*float64(r.retook)/n, "%retook")
+				}
+			})
+		}
+	}
 }
