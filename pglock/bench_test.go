@@ -153,16 +153,12 @@ func BenchmarkHandoff(b *testing.B) {
 func waitForWaiterB(b *testing.B, pool *pgxpool.Pool, name string) {
 	for i := 0; ; i++ {
 		var n int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1
-			AND l.mode = 'ShareLock' AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1)`, name).Scan(&n)
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM (`+waiterPIDs+`) w`, name).Scan(&n)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if n > 0 {
-			// Registered; give the waiter the moment it needs to retry
-			// once and block.
-			time.Sleep(2 * time.Millisecond)
-			return
+			return // blocked in Postgres, or marked and about to retry once
 		}
 		if i > 10000 {
 			b.Fatal("waiter never registered")

@@ -24,6 +24,7 @@ type Holder struct {
 	pid       uint32
 	since     time.Time
 	published bool // its acquire wrote a pglock_holders row, which its release deletes
+	unheld    bool // taken out of its name's table; guarded by Factory.mu
 	opts      *lock.Options
 	ctx       context.Context // the Acquire context without its cancellation, for reports
 	state     *backend.State
@@ -138,17 +139,22 @@ func (h *Holder) unlock(sc *sessionConn) (held bool, pid int32, err error) {
 	return res != 0, pid, err
 }
 
-// unhold takes the holder out of its name's table, and wakes the name's
-// local waiters.
+// unhold takes the holder out of its name's table (unless a later holder
+// took its place already), gives its wait session back, and wakes the
+// name's local waiters.
 func (h *Holder) unhold() {
 	h.f.mu.Lock()
-	mine := h.e.held[h.slot] == h
-	if mine {
-		delete(h.e.held, h.slot)
+	first := !h.unheld
+	if first {
+		h.unheld = true
+		if h.e.held[h.slot] == h {
+			delete(h.e.held, h.slot)
+		}
+		h.s.claimed = false
 		h.f.unrefLocked(h.e)
 	}
 	h.f.mu.Unlock()
-	if mine {
+	if first {
 		h.f.lis.signal(h.e.keys.waiters)
 	}
 }

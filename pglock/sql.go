@@ -55,6 +55,7 @@ type statements struct {
 	exists string // true when every object is in place
 
 	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub string
+	mutexWait, mutexWaitPub                                      string
 	semAcquire, semRelease, relimit                              string
 	epoch, rebase, token, retoken                                string
 	unlock, inspectLimit, inspect                                string
@@ -74,6 +75,17 @@ func newStatements(schema string) *statements {
 			WHEN pg_advisory_unlock($1::int8) THEN -2 ELSE -3 END
 		ELSE -1 END`
 	try := strings.ReplaceAll(mutexTry, "@ctr@", lit(q("pglock_token_counter")))
+	// The same, waiting for the mutex in Postgres's queue of the key
+	// (pg_advisory_lock returns void: as the empty string's length it is
+	// true once granted), so the token is still taken in the statement
+	// that got the lock.
+	wait := strings.Replace(try, "pg_try_advisory_lock($1::int8)", "length(pg_advisory_lock($1::int8)::text) = 0", 1)
+	pub := func(try string) string {
+		return `WITH a AS (SELECT ` + try + ` AS tok),
+			i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
+				SELECT $1::int8, tok, $3::text, $4::text, 0, 1, pg_backend_pid(), now(), $5::text, $6::jsonb FROM a WHERE tok > 0)
+			SELECT tok, pg_backend_pid() FROM a`
+	}
 	// 1 when no other session waits for the name (none holds its waiters
 	// key shared), else 2 after a NOTIFY with the key in decimal. pg_notify
 	// returns void: as the empty string's length it stays a plain
@@ -97,10 +109,9 @@ func newStatements(schema string) *statements {
 		// The same, also writing the holder's row for Inspect when the lock
 		// was taken ($3 prefix, $4 name, $5 owner, $6 metadata). The CTE is
 		// referenced twice, so it runs once.
-		mutexAcquirePub: `WITH a AS (SELECT ` + try + ` AS tok),
-			i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
-				SELECT $1::int8, tok, $3::text, $4::text, 0, 1, pg_backend_pid(), now(), $5::text, $6::jsonb FROM a WHERE tok > 0)
-			SELECT tok, pg_backend_pid() FROM a`,
+		mutexAcquirePub: pub(try),
+		mutexWait:       `SELECT ` + wait + `, pg_backend_pid()`,
+		mutexWaitPub:    pub(wait),
 		// Unlock, then NOTIFY only if another session has a waiter for the
 		// name (holds the waiters key shared, so the exclusive try fails).
 		// 0 means the session did not hold the key.
