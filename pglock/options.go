@@ -52,9 +52,13 @@ const (
 // name has holders gets an error matching lock.ErrLimitMismatch.
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 
-// WithWait makes Acquire wait until a permit is free or ctx ends. Waiters
-// are woken by a NOTIFY sent by the release, with a fallback poll (see
-// WithPollInterval) for locks freed by a session that ended.
+// WithWait makes Acquire wait until a permit is free or ctx ends. The
+// first waiter of a mutex in a factory blocks in Postgres on a wait
+// session (see WithWaitSessions), which Postgres wakes, first come first,
+// at a release; others of the factory queue behind it. Semaphore waiters,
+// and waiters beyond the wait sessions, are woken by a NOTIFY sent by the
+// release, with a fallback poll (see WithPollInterval) for locks freed by
+// a session that ended.
 func WithWait() Option { return lock.WithWait() }
 
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.

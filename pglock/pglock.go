@@ -7,9 +7,10 @@
 //
 // A Factory owns a small number of dedicated lock sessions (WithSessions,
 // default 2), taken from the pool with Acquire + Hijack and never given
-// back to it, plus one listener connection while somebody waits. Every lock
-// the factory hands out is held on one of these sessions, so ten thousand
-// held locks need at most three connections, not ten thousand. Postgres session
+// back to it, plus, while somebody waits, a wait session per waited-for
+// name (at most WithWaitSessions; see block) or the listener connection.
+// Every lock the factory hands out is held on one of these sessions, so ten
+// thousand held locks need at most three connections, not ten thousand. Postgres session
 // locks are re-entrant, so the factory keeps an in-process table of what its
 // sessions hold: two goroutines of one process never both "hold" a name.
 //
@@ -99,7 +100,8 @@ type Factory struct {
 	closed  bool
 	entries map[int64]*entry // the in-process table: names in use, by mutex key
 	health  *time.Timer
-	noWait  time.Time // when a wait session last could not be opened
+	noWait  time.Time      // when a wait session last could not be opened
+	hot     map[int64]bool // mutex keys whose last release here went straight to a blocked waiter
 
 	epoch atomic.Int64 // the newest committed token epoch seen; 0: none yet
 	open  atomic.Int32 // lock sessions connected
@@ -165,7 +167,7 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 	}
 	f := &Factory{
 		pool: pool, cfg: cfg, set: set, st: newStatements(set.schema),
-		entries: map[int64]*entry{},
+		entries: map[int64]*entry{}, hot: map[int64]bool{},
 	}
 	f.life, f.end = context.WithCancel(context.Background())
 	for i := 0; i < set.sessions; i++ {
@@ -262,6 +264,19 @@ func (f *Factory) ref(prefix, name string) (*entry, error) {
 	return e, nil
 }
 
+// contended notes that a release of the mutex key went straight to a
+// waiter: the next waiting Acquire here blocks at once. The notes are few
+// (one per name released so, until it is acquired again) and are dropped
+// all at once if they pile up.
+func (f *Factory) contended(key int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.hot) >= 1024 {
+		clear(f.hot)
+	}
+	f.hot[key] = true
+}
+
 func (f *Factory) isClosed() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -301,7 +316,11 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	defer f.unref(e)
 	s := f.session(e.keys)
 	f.mu.Lock()
-	queued := o.Wait && len(e.queue) > 0
+	// Behind waiters of this process, or at a name that a blocked waiter
+	// took at its last release here, the first attempt is to wait: a try
+	// would find it held.
+	queued := o.Wait && (len(e.queue) > 0 || f.hot[e.keys.mutex] && o.Limit() == 1)
+	delete(f.hot, e.keys.mutex)
 	f.mu.Unlock()
 	var w *waitReg
 	waiting := backend.Waiting{

@@ -90,6 +90,7 @@ func newStatements(schema string) *statements {
 	// key shared), else 2 after a NOTIFY with the key in decimal. pg_notify
 	// returns void: as the empty string's length it stays a plain
 	// expression.
+	const handed = ` + CASE WHEN pg_try_advisory_xact_lock($1::int8) THEN 0 ELSE 4 END`
 	const notify = `CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN 1 ELSE 2 + length(pg_notify('` + notifyChannel + `', $2::int8::text)::text) END`
 	return &statements{
 		schema: schema,
@@ -113,12 +114,13 @@ func newStatements(schema string) *statements {
 		mutexWait:       `SELECT ` + wait + `, pg_backend_pid()`,
 		mutexWaitPub:    pub(wait),
 		// Unlock, then NOTIFY only if another session has a waiter for the
-		// name (holds the waiters key shared, so the exclusive try fails).
+		// name (holds the waiters key shared, so the exclusive try fails),
+		// plus 4 if Postgres granted the key to a blocked waiter at once.
 		// 0 means the session did not hold the key.
-		mutexRelease: `SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+		mutexRelease: `SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + handed + ` ELSE 0 END, pg_backend_pid()`,
 		// The same, also deleting the holder's row ($3 its token).
 		mutexReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
-			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + handed + ` ELSE 0 END, pg_backend_pid()`,
 
 		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v2") + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,

@@ -216,7 +216,9 @@ func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Op
 // watchClient prepares a new wait session, whose statement may wait for
 // long without a byte in either direction, for the other side's end. The
 // kernel probes the connection, so that on a silently cut network the wait
-// fails after a few health intervals instead of never. And Postgres checks
+// fails after a few health intervals instead of never. Its wait is bounded
+// by the caller, not by timeouts the pool's connections may set. And
+// Postgres checks
 // every health interval that the client is still there
 // (client_connection_check_interval, PostgreSQL 14 and later): a waiting
 // process that was killed leaves the queue then, instead of only when its
@@ -232,7 +234,8 @@ func (f *Factory) watchClient(ws *session) error {
 	}
 	ms := strconv.FormatInt(max(f.set.health.Milliseconds(), 1), 10)
 	return ws.use(context.Background(), func(sc *sessionConn) error {
-		if _, err := sc.c.Exec(sc.ctx, `SELECT set_config(name, $1, false) FROM pg_settings WHERE name = 'client_connection_check_interval'`, ms); err != nil {
+		if _, err := sc.c.Exec(sc.ctx, `SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false),
+			(SELECT set_config(name, $1, false) FROM pg_settings WHERE name = 'client_connection_check_interval')`, ms); err != nil {
 			return sc.fail(fmt.Errorf("pglock: opening a wait session: %w", err))
 		}
 		return nil
