@@ -109,8 +109,8 @@ func (f *Factory) turn(w *waitReg, limit int) (first bool, ws *session) {
 // connections. A wait that ends (ctx, Close) cancels the statement and
 // then unlocks the key, which gives up a grant that raced the cancel; a
 // session that fails under the wait is closed, which frees whatever it
-// held. It returns errNoWaitSession when ws cannot be opened, and
-// errWaitLost when it ended under the wait.
+// held. It returns errNoWaitSession when ws cannot be opened or ended
+// under the wait: the waiter then tries on its lock session.
 func (f *Factory) block(ctx context.Context, ws *session, e *entry, o *lock.Options) (*Holder, error) {
 	h, err := f.blockOn(ctx, ws, e, o)
 	if h == nil {
@@ -127,6 +127,7 @@ func (f *Factory) block(ctx context.Context, ws *session, e *entry, o *lock.Opti
 	return h, err
 }
 
+// errWaitLost: the wait session ended under the wait.
 var errWaitLost = errors.New("pglock: wait session ended")
 
 func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Options) (*Holder, error) {
