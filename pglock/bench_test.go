@@ -3,7 +3,9 @@ package pglock_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,16 +155,12 @@ func BenchmarkHandoff(b *testing.B) {
 func waitForWaiterB(b *testing.B, pool *pgxpool.Pool, name string) {
 	for i := 0; ; i++ {
 		var n int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1
-			AND l.mode = 'ShareLock' AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1)`, name).Scan(&n)
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM (`+waiterPIDs+`) w`, name).Scan(&n)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if n > 0 {
-			// Registered; give the waiter the moment it needs to retry
-			// once and block.
-			time.Sleep(2 * time.Millisecond)
-			return
+			return // blocked in Postgres, or marked and about to retry once
 		}
 		if i > 10000 {
 			b.Fatal("waiter never registered")
@@ -190,4 +188,199 @@ func BenchmarkHold10k(b *testing.B) {
 	}
 	b.ReportMetric(float64(conns), "conns")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lock")
+}
+
+// contended is one way for N waiting processes to take one lock: each
+// worker has its own connection, pool or factory, as separate processes
+// would.
+type contended struct {
+	setup   func(b *testing.B, pool func() *pgxpool.Pool) // makes the worker's client
+	acquire func(ctx context.Context) (release func() error, err error)
+}
+
+type contendedResult struct {
+	acqs, retakes    int
+	elapsed, maxWait time.Duration
+	handoffs         []time.Duration
+	stmts            int64 // sent by the workers' clients
+	xacts            int64 // the server's xact_commit delta: includes other clients of the database
+}
+
+// runContended has n workers take and release the lock until total
+// acquisitions are done. A hand-off is the time from a release by one
+// worker to the acquire of another returning; a retake is a worker taking
+// the lock again right after releasing it.
+func runContended(b *testing.B, mon *pgxpool.Pool, n, total int, mk func(pool func() *pgxpool.Pool, atEnd func(func())) func(ctx context.Context) (func() error, error)) contendedResult {
+	app := fmt.Sprintf("pglock-bench-%d", time.Now().UnixNano()%1e9)
+	var cnt counter
+	var pools []*pgxpool.Pool
+	var ends []func()
+	atEnd := func(f func()) { ends = append(ends, f) }
+	newPool := func() *pgxpool.Pool {
+		p := newPool(b, func(c *pgxpool.Config) {
+			c.ConnConfig.Tracer = &cnt
+			c.ConnConfig.RuntimeParams["application_name"] = app
+		})
+		pools = append(pools, p)
+		return p
+	}
+	xacts := func() int64 {
+		var x int64
+		if err := mon.QueryRow(context.Background(), "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&x); err != nil {
+			b.Fatal(err)
+		}
+		return x
+	}
+	// A round of 10 acquisitions each first, which every client's
+	// connections are opened in. The server counts a backend's statements
+	// only when it reports them (at most once a second, and at exit), so
+	// the server's count is taken from before it, less the round's
+	// statements as the clients counted them.
+	x0 := xacts()
+	cnt.n.Store(0)
+	acquire := make([]func(ctx context.Context) (func() error, error), n)
+	for i := range acquire {
+		acquire[i] = mk(newPool, atEnd)
+	}
+	phase(b, acquire, 10*n)
+	x0 += cnt.n.Load()
+	cnt.n.Store(0)
+	r := phase(b, acquire, total)
+	r.stmts = cnt.n.Load()
+	// Backends report their counts to the server's statistics when they
+	// exit: close every client, then read.
+	for _, f := range ends {
+		f()
+	}
+	for _, p := range pools {
+		p.Close()
+	}
+	b.StopTimer()
+	for i := 0; ; i++ {
+		var left int
+		if err := mon.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'", app).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		if i > 3000 {
+			b.Fatalf("%d backends of the run still there", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.xacts = xacts() - x0
+	b.StartTimer()
+	slices.Sort(r.handoffs)
+	return r
+}
+
+// phase has the workers take and release the lock until total
+// acquisitions are done.
+func phase(b *testing.B, acquire []func(ctx context.Context) (func() error, error), total int) contendedResult {
+	var (
+		mu      sync.Mutex // guards the fields below, taken by the holder only
+		last    = -1
+		lastRel time.Time
+		r       contendedResult
+		left    = total
+	)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range acquire {
+		wg.Go(func() {
+			for {
+				t0 := time.Now()
+				rel, err := acquire[i](context.Background())
+				got := time.Now()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				done := left <= 0
+				if !done {
+					left--
+					r.acqs++
+					r.maxWait = max(r.maxWait, got.Sub(t0))
+					if last == i {
+						r.retakes++
+					} else if last >= 0 {
+						r.handoffs = append(r.handoffs, got.Sub(lastRel))
+					}
+					last, lastRel = i, time.Now()
+				}
+				mu.Unlock()
+				if err := rel(); err != nil {
+					b.Error(err)
+					return
+				}
+				if done {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r.elapsed = time.Since(start)
+	return r
+}
+
+// BenchmarkContendedWaiters puts N waiting processes (each its own pool
+// and factory) on one name beside N dedicated connections blocking in
+// pg_advisory_lock, in the same run: hand-off p50, throughput, statements
+// per acquisition (counted by the clients, and the server's xact_commit,
+// which other clients of the database add to), max wait, and the share of
+// retakes. b.N is the number of acquisitions of each side.
+func BenchmarkContendedWaiters(b *testing.B) {
+	mon := newPool(b)
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprint("waiters-", n), func(b *testing.B) {
+			name := fmt.Sprintf("bench/contended/%d", time.Now().UnixNano())
+			key := int64(0x636f6e74) // arbitrary, for the floor
+			floor := runContended(b, mon, n, b.N, func(pool func() *pgxpool.Pool, atEnd func(func())) func(ctx context.Context) (func() error, error) {
+				pc, err := pool().Acquire(context.Background())
+				if err != nil {
+					b.Fatal(err)
+				}
+				c := pc.Hijack()
+				atEnd(func() { c.Close(context.Background()) })
+				return func(ctx context.Context) (func() error, error) {
+					if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+						return nil, err
+					}
+					return func() error {
+						_, err := c.Exec(ctx, "SELECT pg_advisory_unlock($1)", key)
+						return err
+					}, nil
+				}
+			})
+			ours := runContended(b, mon, n, b.N, func(pool func() *pgxpool.Pool, atEnd func(func())) func(ctx context.Context) (func() error, error) {
+				f := newFactory(b, pool())
+				atEnd(func() { f.Close() })
+				return func(ctx context.Context) (func() error, error) {
+					h, err := f.Acquire(ctx, name, pglock.WithWait())
+					if err != nil {
+						return nil, err
+					}
+					return h.Release, nil
+				}
+			})
+			if len(floor.handoffs) == 0 || len(ours.handoffs) == 0 {
+				return // too few acquisitions to tell
+			}
+			report := func(what string, r contendedResult) {
+				b.ReportMetric(float64(r.handoffs[len(r.handoffs)/2].Microseconds()), what+"-p50-µs")
+				b.ReportMetric(float64(r.acqs)/r.elapsed.Seconds(), what+"-acq/s")
+				b.ReportMetric(float64(r.stmts)/float64(r.acqs), what+"-stmts/acq")
+				b.ReportMetric(float64(r.xacts)/float64(r.acqs), what+"-xact/acq")
+				b.ReportMetric(float64(r.maxWait.Microseconds())/1000, what+"-maxwait-ms")
+				b.ReportMetric(100*float64(r.retakes)/float64(r.acqs), what+"-retake-%")
+			}
+			report("floor", floor)
+			report("pglock", ours)
+			b.ReportMetric(float64(ours.handoffs[len(ours.handoffs)/2])/float64(floor.handoffs[len(floor.handoffs)/2]), "p50-ratio")
+			b.ReportMetric((float64(ours.acqs)/ours.elapsed.Seconds())/(float64(floor.acqs)/floor.elapsed.Seconds()), "throughput-ratio")
+		})
+	}
 }

@@ -24,6 +24,7 @@ type Holder struct {
 	pid       uint32
 	since     time.Time
 	published bool // its acquire wrote a pglock_holders row, which its release deletes
+	unheld    bool // taken out of its name's table; guarded by Factory.mu
 	opts      *lock.Options
 	ctx       context.Context // the Acquire context without its cancellation, for reports
 	state     *backend.State
@@ -64,7 +65,7 @@ func (h *Holder) Release() error {
 		}
 		return h.relErr
 	}
-	held := false
+	held, handed := false, false
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
 	err := h.s.do(ctx, false, func(sc *sessionConn) error {
@@ -73,7 +74,7 @@ func (h *Holder) Release() error {
 		}
 		var pid int32
 		var err error
-		held, pid, err = h.unlock(sc)
+		held, handed, pid, err = h.unlock(sc)
 		if err != nil {
 			// Unknown or failed: close the session, which frees the lock.
 			return sc.fail(fmt.Errorf("pglock: release of %q: %w", h.Name(), err))
@@ -103,6 +104,9 @@ func (h *Holder) Release() error {
 		h.lose(fmt.Errorf("%w: %q was no longer held by its session", ErrLockLost, h.Name()))
 		return h.state.Err()
 	}
+	if handed {
+		h.f.contended(h.e.keys.mutex)
+	}
 	h.unhold()
 	if h.state.End() {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: h.relErr})
@@ -113,7 +117,8 @@ func (h *Holder) Release() error {
 // unlock runs the release statement: unlock, delete the holder's row if it
 // has one, NOTIFY if another session waits for the name. held is false if
 // the session did not hold the key. sem is held.
-func (h *Holder) unlock(sc *sessionConn) (held bool, pid int32, err error) {
+// handed is true when Postgres gave a mutex straight to a blocked waiter.
+func (h *Holder) unlock(sc *sessionConn) (held, handed bool, pid int32, err error) {
 	st, k := h.f.st, h.e.keys
 	if h.limit > 1 {
 		sc.s.marks[k.mark]--
@@ -127,7 +132,7 @@ func (h *Holder) unlock(sc *sessionConn) (held bool, pid int32, err error) {
 			tok = &t
 		}
 		err = sc.queryRow(st.semRelease, h.key, k.mark, drop, k.waiters, strconv.FormatInt(k.waiters, 10), tok).Scan(&held, &pid)
-		return held, pid, err
+		return held, false, pid, err
 	}
 	var res int32
 	if h.published {
@@ -135,20 +140,25 @@ func (h *Holder) unlock(sc *sessionConn) (held bool, pid int32, err error) {
 	} else {
 		err = sc.queryRow(st.mutexRelease, h.key, k.waiters).Scan(&res, &pid)
 	}
-	return res != 0, pid, err
+	return res != 0, res&4 != 0, pid, err
 }
 
-// unhold takes the holder out of its name's table, and wakes the name's
-// local waiters.
+// unhold takes the holder out of its name's table (unless a later holder
+// took its place already), gives its wait session back, and wakes the
+// name's local waiters.
 func (h *Holder) unhold() {
 	h.f.mu.Lock()
-	mine := h.e.held[h.slot] == h
-	if mine {
-		delete(h.e.held, h.slot)
+	first := !h.unheld
+	if first {
+		h.unheld = true
+		if h.e.held[h.slot] == h {
+			delete(h.e.held, h.slot)
+		}
+		h.s.claimed = false
 		h.f.unrefLocked(h.e)
 	}
 	h.f.mu.Unlock()
-	if mine {
+	if first {
 		h.f.lis.signal(h.e.keys.waiters)
 	}
 }

@@ -123,13 +123,19 @@ func TestIdleSessionsClose(t *testing.T) {
 	h.Release()
 }
 
-// After a waiting acquire, a factory nobody closes gives up the listener's
-// connection too, once nothing waits: with its sessions closed as idle, it
-// keeps no connection at all.
+// After a waiting acquire, a factory nobody closes gives up the connection
+// it waited on (the listener's, or a wait session's) too, once nothing
+// waits: with its sessions closed as idle, it keeps no connection at all.
 func TestIdleListenerCloses(t *testing.T) {
+	for _, ws := range []int{0, DefaultWaitSessions} {
+		t.Run(fmt.Sprint("wait-sessions-", ws), func(t *testing.T) { idleAfterWait(t, ws) })
+	}
+}
+
+func idleAfterWait(t *testing.T, ws int) {
 	pool := testPool(t)
 	app := fmt.Sprintf("pglock-idle-listener-%d", time.Now().UnixNano())
-	f := NewFactory(pool, WithLogger(nil), WithHealthInterval(50*time.Millisecond), WithApplicationName(app))
+	f := NewFactory(pool, WithLogger(nil), WithHealthInterval(50*time.Millisecond), WithApplicationName(app), WithWaitSessions(ws))
 	defer f.Close()
 	f.set.idleClose = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -146,9 +152,9 @@ func TestIdleListenerCloses(t *testing.T) {
 		}
 		got <- err
 	}()
-	for start := time.Now(); !f.lis.isRunning(); {
+	for start := time.Now(); f.Waiting(t.Name()) == 0; {
 		if time.Since(start) > 30*time.Second {
-			t.Fatal("the listener did not start for a waiting Acquire")
+			t.Fatal("the Acquire did not wait")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -180,12 +186,17 @@ func TestDefaults(t *testing.T) {
 	f := NewFactory(nil)
 	defer f.Close()
 	want := settings{
-		schema: DefaultSchema, sessions: DefaultSessions, health: DefaultHealthInterval,
+		schema: DefaultSchema, sessions: DefaultSessions, waitSessions: DefaultWaitSessions, health: DefaultHealthInterval,
 		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
 		connectTimeout: DefaultConnectTimeout, appName: "pglock", idleClose: f.set.idleClose,
 	}
-	if f.set != want || len(f.sessions) != DefaultSessions {
-		t.Errorf("config without options = %+v (%d sessions), want %+v", f.set, len(f.sessions), want)
+	if f.set != want || len(f.sessions) != DefaultSessions || len(f.waits) != DefaultWaitSessions {
+		t.Errorf("config without options = %+v (%d sessions, %d wait sessions), want %+v", f.set, len(f.sessions), len(f.waits), want)
+	}
+	for n, ok := range map[int]bool{0: true, MaxSessions: true, -1: false, MaxSessions + 1: false} {
+		if _, err := lock.Apply(backend.Options(backendName), WithWaitSessions(n)); (err == nil) != ok {
+			t.Errorf("WithWaitSessions(%d): option error %v", n, err)
+		}
 	}
 	for n, ok := range map[int]bool{MaxSessions: true, MaxSessions + 1: false} {
 		if _, err := lock.Apply(backend.Options(backendName), WithSessions(n)); (err == nil) != ok {

@@ -27,6 +27,10 @@ const (
 	// most it accepts.
 	DefaultSessions = 2
 	MaxSessions     = 64
+	// DefaultWaitSessions is the number of wait sessions (connections a
+	// waiting Acquire blocks on, see WithWaitSessions) when
+	// WithWaitSessions is not given.
+	DefaultWaitSessions = 4
 	// DefaultHealthInterval is how often an idle lock session is checked
 	// when WithHealthInterval is not given: about how long an ended
 	// session takes to be noticed.
@@ -48,9 +52,13 @@ const (
 // name has holders gets an error matching lock.ErrLimitMismatch.
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 
-// WithWait makes Acquire wait until a permit is free or ctx ends. Waiters
-// are woken by a NOTIFY sent by the release, with a fallback poll (see
-// WithPollInterval) for locks freed by a session that ended.
+// WithWait makes Acquire wait until a permit is free or ctx ends. The
+// first waiter of a mutex in a factory blocks in Postgres on a wait
+// session (see WithWaitSessions), which Postgres wakes, first come first,
+// at a release; others of the factory queue behind it. Semaphore waiters,
+// and waiters beyond the wait sessions, are woken by a NOTIFY sent by the
+// release, with a fallback poll (see WithPollInterval) for locks freed by
+// a session that ended.
 func WithWait() Option { return lock.WithWait() }
 
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
@@ -78,6 +86,7 @@ func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }
 type (
 	schemaKey         struct{}
 	sessionsKey       struct{}
+	waitSessionsKey   struct{}
 	healthKey         struct{}
 	stmtTimeoutKey    struct{}
 	pollKey           struct{}
@@ -107,6 +116,23 @@ func WithSessions(n int) Option {
 		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.WithSessions(%d): need 1 to %d", n, MaxSessions)) }
 	}
 	return backend.Value(backendName, "WithSessions", sessionsKey{}, n)
+}
+
+// WithWaitSessions sets how many wait sessions the factory may open: the
+// first waiter of a mutex in this factory blocks in Postgres on one of its
+// own, so that a release wakes exactly the longest waiting session, and
+// then holds the lock on it until it is released. Each is a connection
+// taken from the pool (only while the pool has one to spare) and closed
+// after a minute unused. Waiters beyond them, and semaphore waiters, retry
+// when a release is notified. 0 turns blocking off. Default
+// DefaultWaitSessions (4), at most MaxSessions. Factory option.
+func WithWaitSessions(n int) Option {
+	if n < 0 || n > MaxSessions {
+		return func(o *lock.Options) {
+			o.Invalid(fmt.Sprintf("pglock.WithWaitSessions(%d): need 0 to %d", n, MaxSessions))
+		}
+	}
+	return backend.Value(backendName, "WithWaitSessions", waitSessionsKey{}, n)
 }
 
 // WithHealthInterval sets how often an idle lock session is checked with a
@@ -157,6 +183,7 @@ func duration(what string, key any, d time.Duration) Option {
 type settings struct {
 	schema         string
 	sessions       int
+	waitSessions   int
 	health         time.Duration
 	stmtTimeout    time.Duration
 	poll           time.Duration
@@ -167,7 +194,7 @@ type settings struct {
 
 func factorySettings(o *lock.Options) settings {
 	c := settings{
-		schema: DefaultSchema, sessions: DefaultSessions, health: DefaultHealthInterval,
+		schema: DefaultSchema, sessions: DefaultSessions, waitSessions: DefaultWaitSessions, health: DefaultHealthInterval,
 		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
 		connectTimeout: DefaultConnectTimeout, idleClose: time.Minute,
 	}
@@ -176,6 +203,9 @@ func factorySettings(o *lock.Options) settings {
 	}
 	if v, ok := o.Value(sessionsKey{}).(int); ok {
 		c.sessions = v
+	}
+	if v, ok := o.Value(waitSessionsKey{}).(int); ok {
+		c.waitSessions = v
 	}
 	if v, ok := o.Value(healthKey{}).(time.Duration); ok {
 		c.health = v

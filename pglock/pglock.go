@@ -7,9 +7,10 @@
 //
 // A Factory owns a small number of dedicated lock sessions (WithSessions,
 // default 2), taken from the pool with Acquire + Hijack and never given
-// back to it, plus one listener connection while somebody waits. Every lock
-// the factory hands out is held on one of these sessions, so ten thousand
-// held locks need at most three connections, not ten thousand. Postgres session
+// back to it, plus, while somebody waits, a wait session per waited-for
+// name (at most WithWaitSessions; see block) or the listener connection.
+// Every lock the factory hands out is held on one of these sessions, so ten
+// thousand held locks need at most three connections, not ten thousand. Postgres session
 // locks are re-entrant, so the factory keeps an in-process table of what its
 // sessions hold: two goroutines of one process never both "hold" a name.
 //
@@ -50,6 +51,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,8 +88,10 @@ type Factory struct {
 	st   *statements
 
 	sessions []*session
+	waits    []*session // wait sessions: one per name whose head waiter blocks (see block)
 	lis      *listener
-	closing  chan struct{}
+	life     context.Context // cancelled by Close
+	end      context.CancelFunc
 
 	setupMu   sync.Mutex
 	setupDone bool
@@ -96,6 +100,8 @@ type Factory struct {
 	closed  bool
 	entries map[int64]*entry // the in-process table: names in use, by mutex key
 	health  *time.Timer
+	noWait  time.Time      // when a wait session last could not be opened
+	hot     map[int64]bool // mutex keys whose last release here went straight to a blocked waiter
 
 	epoch atomic.Int64 // the newest committed token epoch seen; 0: none yet
 	open  atomic.Int32 // lock sessions connected
@@ -128,6 +134,7 @@ type entry struct {
 	held         map[int]*Holder // by slot
 	busy         chan struct{}   // one local acquire statement at a time
 	refs         int             // holders and Acquire calls using it; guarded by Factory.mu
+	queue        []*waitReg      // this factory's waiters, first come first; guarded by Factory.mu
 }
 
 type keys struct{ mutex, mark, waiters, limit int64 }
@@ -160,10 +167,14 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 	}
 	f := &Factory{
 		pool: pool, cfg: cfg, set: set, st: newStatements(set.schema),
-		closing: make(chan struct{}), entries: map[int64]*entry{},
+		entries: map[int64]*entry{}, hot: map[int64]bool{},
 	}
+	f.life, f.end = context.WithCancel(context.Background())
 	for i := 0; i < set.sessions; i++ {
 		f.sessions = append(f.sessions, newSession(f, i))
+	}
+	for i := 0; i < set.waitSessions; i++ {
+		f.waits = append(f.waits, newSession(f, set.sessions+i))
 	}
 	f.lis = newListener(f)
 	return f
@@ -218,17 +229,20 @@ func (f *Factory) Close() error {
 		return nil
 	}
 	f.closed = true
-	close(f.closing)
+	f.end()
 	if f.health != nil {
 		f.health.Stop()
 	}
 	f.mu.Unlock()
 	f.lis.close()
-	for _, s := range f.sessions {
+	for _, s := range f.all() {
 		s.close()
 	}
 	return nil
 }
+
+// all is every session of the factory: lock sessions, then wait sessions.
+func (f *Factory) all() []*session { return slices.Concat(f.sessions, f.waits) }
 
 // ref finds or makes the entry of a name and counts a user of it.
 func (f *Factory) ref(prefix, name string) (*entry, error) {
@@ -250,6 +264,25 @@ func (f *Factory) ref(prefix, name string) (*entry, error) {
 	return e, nil
 }
 
+// contended notes that a release of the mutex key went straight to a
+// waiter: the next waiting Acquire here blocks at once. The notes are few
+// (one per name released so, until it is acquired again) and are dropped
+// all at once if they pile up.
+func (f *Factory) contended(key int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.hot) >= 1024 {
+		clear(f.hot)
+	}
+	f.hot[key] = true
+}
+
+func (f *Factory) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
 func (f *Factory) unref(e *entry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -267,8 +300,11 @@ func (f *Factory) session(k keys) *session {
 	return f.sessions[uint64(k.mutex)%uint64(len(f.sessions))]
 }
 
-// take makes attempts at name through backend.Wait; a waiter subscribes to
-// the name's releases (see registerWaiter).
+// take makes attempts at name through backend.Wait. A waiter queues
+// behind this factory's earlier waiters of the name; the first of them
+// blocks in Postgres on a wait session of its own (see block), or, for a
+// semaphore or when no wait session is free, retries when a release is
+// notified (see waitReg).
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
@@ -279,18 +315,38 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	}
 	defer f.unref(e)
 	s := f.session(e.keys)
+	f.mu.Lock()
+	// Behind waiters of this process, or at a name that a blocked waiter
+	// took at its last release here, the first attempt is to wait: a try
+	// would find it held.
+	queued := o.Wait && (len(e.queue) > 0 || f.hot[e.keys.mutex] && o.Limit() == 1)
+	delete(f.hot, e.keys.mutex)
+	f.mu.Unlock()
+	var w *waitReg
 	waiting := backend.Waiting{
-		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
+		Wait: o.Wait, Locked: ErrLocked, Closed: f.life.Done(), Queued: queued,
 		MinPoll: f.set.poll, MaxPoll: f.set.poll,
 		Subscribe: func() (backend.Subscription, error) {
-			w, err := f.registerWaiter(ctx, s, e.keys.waiters)
-			if err != nil {
-				return nil, err
-			}
+			w = f.subscribe(ctx, s, e, queued)
 			return w, nil
 		},
 	}
 	return backend.Wait(ctx, waiting, func() (*Holder, time.Duration, error) {
+		if w != nil {
+			first, ws := f.turn(w, o.Limit())
+			if !first {
+				return nil, 0, ErrLocked // behind this factory's earlier waiters
+			}
+			if ws != nil {
+				h, err := f.block(ctx, ws, e, o)
+				if !errors.Is(err, errNoWaitSession) {
+					return h, 0, err
+				}
+			}
+			if err := w.listen(); err != nil {
+				return nil, 0, err
+			}
+		}
 		// If the session ends under the attempt (terminated, or its
 		// connection cut), Postgres freed all it held: a waiter tries
 		// again on the next session, once. A second loss in a row (a
@@ -346,27 +402,39 @@ func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options
 		)
 		if limit == 1 {
 			key = e.keys.mutex
-			tok, err = f.tryMutex(sc, e, o, pub)
+			q, args := f.mutexStatement(e, o, pub, false)
+			var pid int32
+			err = sc.queryRow(q, args...).Scan(&tok, &pid)
+			tok, err = f.mutexResult(sc, e, pub, tok, pid, err)
 		} else {
 			key, slot, tok, err = f.trySemaphore(sc, e, o, pub, slots, localHolders)
 		}
 		if err != nil {
 			return err
 		}
-		h = &Holder{
-			f: f, s: s, gen: s.gen, e: e, key: key, slot: slot, limit: limit, token: uint64(tok),
-			pid: s.pid, since: time.Now(), published: pub, opts: o,
-			ctx: context.WithoutCancel(ctx), state: backend.NewState(),
-		}
-		f.mu.Lock()
-		e.held[slot] = h
-		e.limit = limit
-		e.refs++ // the holder's reference
-		f.mu.Unlock()
-		s.add(h)
+		h = f.hold(ctx, s, e, key, slot, limit, tok, pub, o)
 		return nil
 	})
 	return h, err
+}
+
+// hold records the holder of e's permit slot, just taken on s. The sem of
+// s is held.
+func (f *Factory) hold(ctx context.Context, s *session, e *entry, key int64, slot, limit int, tok int64, pub bool, o *lock.Options) *Holder {
+	h := &Holder{
+		f: f, s: s, gen: s.gen, e: e, key: key, slot: slot, limit: limit, token: uint64(tok),
+		pid: s.pid, since: time.Now(), published: pub, opts: o,
+		ctx: context.WithoutCancel(ctx), state: backend.NewState(),
+	}
+	f.mu.Lock()
+	// A holder of this factory on another session may not have taken
+	// itself out yet: Postgres gave the lock here, so its release is done.
+	e.held[slot] = h
+	e.limit = limit
+	e.refs++ // the holder's reference
+	f.mu.Unlock()
+	s.add(h)
+	return h
 }
 
 func mismatch(name string, have, want int) error {
@@ -383,20 +451,28 @@ func row(o *lock.Options) (owner string, meta *string) {
 	return o.Owner, meta
 }
 
-// tryMutex takes the mutex of e, returning its token.
-func (f *Factory) tryMutex(sc *sessionConn, e *entry, o *lock.Options, pub bool) (int64, error) {
-	key := e.keys.mutex
-	var (
-		tok int64
-		pid int32
-		err error
-	)
+// mutexStatement is the statement that takes the mutex of e, with its
+// arguments: at once or not at all, or (wait) blocking until Postgres
+// grants it. It returns the counter value and the backend pid.
+func (f *Factory) mutexStatement(e *entry, o *lock.Options, pub, wait bool) (string, []any) {
+	q := [2][2]string{{f.st.mutexAcquire, f.st.mutexAcquirePub}, {f.st.mutexWait, f.st.mutexWaitPub}}[b2i(wait)][b2i(pub)]
 	if pub {
 		owner, meta := row(o)
-		err = sc.queryRow(f.st.mutexAcquirePub, key, e.keys.mark, e.prefix, e.name, owner, meta).Scan(&tok, &pid)
-	} else {
-		err = sc.queryRow(f.st.mutexAcquire, key, e.keys.mark).Scan(&tok, &pid)
+		return q, []any{e.keys.mutex, e.keys.mark, e.prefix, e.name, owner, meta}
 	}
+	return q, []any{e.keys.mutex, e.keys.mark}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// mutexResult turns the outcome of a mutex statement into the token.
+func (f *Factory) mutexResult(sc *sessionConn, e *entry, pub bool, tok int64, pid int32, err error) (int64, error) {
+	key := e.keys.mutex
 	if err != nil {
 		return 0, sc.cleanup(err, []int64{key}, 0)
 	}

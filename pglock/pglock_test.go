@@ -319,14 +319,19 @@ func TestWaitIsWokenByRelease(t *testing.T) {
 	}
 }
 
-// waitForWaiter returns once some session marks name as waited for.
+// waiterPIDs is the SQL of the backends that wait for name ($1): blocked
+// in Postgres's queue of its mutex key, or marking it as waited for.
+const waiterPIDs = `SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1
+	AND ((l.mode = 'ShareLock' AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1))
+		OR (NOT l.granted AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('m', '', $1)))`
+
+// waitForWaiter returns once some session waits for name.
 func waitForWaiter(t testing.TB, pool *pgxpool.Pool, name string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var n int
-		err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1
-			AND l.mode = 'ShareLock' AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1)`, name).Scan(&n)
+		err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM (`+waiterPIDs+`) w`, name).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -505,46 +510,48 @@ func TestMissingRightsGiveAClearError(t *testing.T) {
 	h.Release()
 }
 
-// A waiter whose session ends re-marks the name on the next one, so the
-// release still wakes it (the fallback poll is an hour away).
+// A waiter whose session ends waits again on the next one, so the release
+// still wakes it (the fallback poll is an hour away): blocked on a wait
+// session, and with WithWaitSessions(0) marking the name on its lock
+// session.
 func TestWaiterSurvivesSessionLoss(t *testing.T) {
 	pool := newPool(t)
 	a := newFactory(t, pool)
-	b := newFactory(t, pool, pglock.WithPollInterval(time.Hour), pglock.WithHealthInterval(100*time.Millisecond))
-	name := uniq(t)
-	h, err := a.Acquire(ctxT(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	go func() {
-		w, err := b.Acquire(ctxT(t), name, pglock.WithWait())
-		if err == nil {
-			err = w.Release()
-		}
-		got <- err
-	}()
-	waitForWaiter(t, pool, name)
-	var pid int32
-	if err := pool.QueryRow(ctxT(t), `SELECT pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock'
-		AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1)`, name).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	terminate(t, pool, uint32(pid))
-	eventually(t, 20*time.Second, "waiter re-marked on a new session", func() bool {
-		var n int
-		pool.QueryRow(ctxT(t), `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.pid <> $2
-			AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1)`, name, pid).Scan(&n)
-		return n == 1
-	})
-	h.Release()
-	select {
-	case err := <-got:
+	for _, ws := range []int{pglock.DefaultWaitSessions, 0} {
+		b := newFactory(t, pool, pglock.WithPollInterval(time.Hour), pglock.WithHealthInterval(100*time.Millisecond), pglock.WithWaitSessions(ws))
+		name := uniq(t)
+		h, err := a.Acquire(ctxT(t), name)
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("waiter not woken by the release after its session was replaced")
+		got := make(chan error, 1)
+		go func() {
+			w, err := b.Acquire(ctxT(t), name, pglock.WithWait())
+			if err == nil {
+				err = w.Release()
+			}
+			got <- err
+		}()
+		waitForWaiter(t, pool, name)
+		var pid int32
+		if err := pool.QueryRow(ctxT(t), waiterPIDs, name).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		terminate(t, pool, uint32(pid))
+		eventually(t, 20*time.Second, "waiter waiting on a new session", func() bool {
+			var n int
+			pool.QueryRow(ctxT(t), `SELECT count(*) FROM (`+waiterPIDs+`) w WHERE pid <> $2`, name, pid).Scan(&n)
+			return n > 0
+		})
+		h.Release()
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("wait sessions %d: waiter not woken by the release after its session was replaced", ws)
+		}
 	}
 }
 

@@ -32,6 +32,8 @@ type session struct {
 	marks    map[int64]int // semaphore markers held shared, by key: local permits
 	waits    map[int64]int // waiters keys held shared, by key: local waiters
 
+	claimed bool // a wait session in use by a blocked waiter or its holder; guarded by Factory.mu
+
 	mu      sync.Mutex // guards the fields below; taken after sem, never before
 	gen     uint64     // changes whenever the connection is replaced
 	holders map[*Holder]struct{}
@@ -374,7 +376,7 @@ func (f *Factory) armHealth() {
 // again.
 func (f *Factory) healthTick() {
 	var wg sync.WaitGroup
-	for _, s := range f.sessions {
+	for _, s := range f.all() {
 		wg.Go(s.check)
 	}
 	wg.Wait()

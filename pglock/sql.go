@@ -55,6 +55,7 @@ type statements struct {
 	exists string // true when every object is in place
 
 	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub string
+	mutexWait, mutexWaitPub                                      string
 	semAcquire, semRelease, relimit                              string
 	epoch, rebase, token, retoken                                string
 	unlock, inspectLimit, inspect                                string
@@ -74,10 +75,22 @@ func newStatements(schema string) *statements {
 			WHEN pg_advisory_unlock($1::int8) THEN -2 ELSE -3 END
 		ELSE -1 END`
 	try := strings.ReplaceAll(mutexTry, "@ctr@", lit(q("pglock_token_counter")))
+	// The same, waiting for the mutex in Postgres's queue of the key
+	// (pg_advisory_lock returns void: as the empty string's length it is
+	// true once granted), so the token is still taken in the statement
+	// that got the lock.
+	wait := strings.Replace(try, "pg_try_advisory_lock($1::int8)", "length(pg_advisory_lock($1::int8)::text) = 0", 1)
+	pub := func(try string) string {
+		return `WITH a AS (SELECT ` + try + ` AS tok),
+			i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
+				SELECT $1::int8, tok, $3::text, $4::text, 0, 1, pg_backend_pid(), now(), $5::text, $6::jsonb FROM a WHERE tok > 0)
+			SELECT tok, pg_backend_pid() FROM a`
+	}
 	// 1 when no other session waits for the name (none holds its waiters
 	// key shared), else 2 after a NOTIFY with the key in decimal. pg_notify
 	// returns void: as the empty string's length it stays a plain
 	// expression.
+	const handed = ` + CASE WHEN pg_try_advisory_xact_lock($1::int8) THEN 0 ELSE 4 END`
 	const notify = `CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN 1 ELSE 2 + length(pg_notify('` + notifyChannel + `', $2::int8::text)::text) END`
 	return &statements{
 		schema: schema,
@@ -97,17 +110,17 @@ func newStatements(schema string) *statements {
 		// The same, also writing the holder's row for Inspect when the lock
 		// was taken ($3 prefix, $4 name, $5 owner, $6 metadata). The CTE is
 		// referenced twice, so it runs once.
-		mutexAcquirePub: `WITH a AS (SELECT ` + try + ` AS tok),
-			i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
-				SELECT $1::int8, tok, $3::text, $4::text, 0, 1, pg_backend_pid(), now(), $5::text, $6::jsonb FROM a WHERE tok > 0)
-			SELECT tok, pg_backend_pid() FROM a`,
+		mutexAcquirePub: pub(try),
+		mutexWait:       `SELECT ` + wait + `, pg_backend_pid()`,
+		mutexWaitPub:    pub(wait),
 		// Unlock, then NOTIFY only if another session has a waiter for the
-		// name (holds the waiters key shared, so the exclusive try fails).
+		// name (holds the waiters key shared, so the exclusive try fails),
+		// plus 4 if Postgres granted the key to a blocked waiter at once.
 		// 0 means the session did not hold the key.
-		mutexRelease: `SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+		mutexRelease: `SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + handed + ` ELSE 0 END, pg_backend_pid()`,
 		// The same, also deleting the holder's row ($3 its token).
 		mutexReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
-			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + handed + ` ELSE 0 END, pg_backend_pid()`,
 
 		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v2") + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,

@@ -2,12 +2,17 @@ package pglock
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
 
@@ -16,16 +21,24 @@ import (
 // its connection is closed: an idle factory keeps none.
 const listenerIdle = time.Second
 
-// waitReg is one waiting Acquire's backend.Subscription: its channel is
-// signalled by the listener when another session releases the name, and
-// by this factory's own releases and losses of it; the name is marked as
-// waited for on its session, so that releases elsewhere notify.
+// errNoWaitSession: no wait session could be had; the waiter falls back
+// to notified retries.
+var errNoWaitSession = errors.New("pglock: no wait session")
+
+// waitReg is one waiting Acquire's backend.Subscription and its place in
+// its name's queue of this factory's waiters. Its channel is signalled
+// when it becomes the first of the queue and by this factory's own
+// releases and losses of the name; in notify mode (see listen) also by the
+// listener when another session releases the name, which the waiter marks
+// as waited for on its session so that releases elsewhere notify.
 type waitReg struct {
 	f      *Factory
 	s      *session
+	e      *entry
 	ctx    context.Context // the Acquire's
 	key    int64           // the waiters key of the name
 	ch     chan struct{}   // buffered 1: the name may be free
+	notify bool            // listen was called; only the waiting goroutine uses it
 	gen    atomic.Uint64   // the session generation its marker was taken on
 	marked bool            // guarded by the session
 }
@@ -52,42 +65,229 @@ func newListener(f *Factory) *listener {
 	return &listener{f: f, subs: map[int64]map[*waitReg]struct{}{}}
 }
 
-// registerWaiter subscribes a waiter for the name whose waiters key is
-// key, then marks the name as waited for on its session (the waiters key,
-// held shared), so that every release after that point notifies. Without a
-// listener (no connection for it) the waiter still works, by polling.
-func (f *Factory) registerWaiter(ctx context.Context, s *session, key int64) (*waitReg, error) {
-	w := &waitReg{f: f, s: s, ctx: ctx, key: key, ch: make(chan struct{}, 1)}
+// subscribe queues a waiter for e. A queued waiter (one that made no
+// attempt yet) that finds itself first is woken at once.
+func (f *Factory) subscribe(ctx context.Context, s *session, e *entry, queued bool) *waitReg {
+	w := &waitReg{f: f, s: s, e: e, ctx: ctx, key: e.keys.waiters, ch: make(chan struct{}, 1)}
 	f.lis.subscribe(w)
-	if err := f.lis.ensure(ctx); err != nil {
-		backend.Log(&f.cfg.Options).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
+	f.mu.Lock()
+	e.queue = append(e.queue, w)
+	if queued && e.queue[0] == w {
+		w.wake()
 	}
-	if err := f.markWaiter(w); err != nil {
-		f.lis.unsubscribe(w)
-		return nil, err
-	}
-	return w, nil
+	f.mu.Unlock()
+	return w
 }
 
-// Wake returns the waiter's channel. Before each attempt it makes sure a
+// turn reports whether w is the first of its name's waiters in this
+// factory, which alone makes attempts; if so, and the name is a mutex, it
+// claims a free wait session for w to block on (nil: none).
+func (f *Factory) turn(w *waitReg, limit int) (first bool, ws *session) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if w.e.queue[0] != w {
+		return false, nil
+	}
+	if limit != 1 || time.Since(f.noWait) < f.set.poll {
+		return true, nil
+	}
+	for _, s := range f.waits {
+		if !s.claimed {
+			s.claimed = true
+			return true, s
+		}
+	}
+	return true, nil
+}
+
+// block waits for the mutex of e on the wait session ws, which holds
+// nothing: Postgres queues the waiters of every session on the key and, at
+// each release, grants it to the longest waiting one, which alone wakes.
+// The grant's statement also takes the token. The lock is then held on ws,
+// which stays claimed by its holder until it is released or lost: a
+// factory blocks on, and holds through, at most WithWaitSessions
+// connections. A wait that ends (ctx, Close) cancels the statement and
+// then unlocks the key, which gives up a grant that raced the cancel; a
+// session that fails under the wait is closed, which frees whatever it
+// held. It returns errNoWaitSession when ws cannot be opened or ended
+// under the wait: the waiter then tries on its lock session.
+func (f *Factory) block(ctx context.Context, ws *session, e *entry, o *lock.Options) (*Holder, error) {
+	h, err := f.blockOn(ctx, ws, e, o)
+	if h == nil {
+		f.mu.Lock()
+		ws.claimed = false
+		if errors.Is(err, errNoWaitSession) {
+			f.noWait = time.Now()
+		}
+		f.mu.Unlock()
+	}
+	if errors.Is(err, errWaitLost) {
+		err = errNoWaitSession // the waiter tries on its lock session instead
+	}
+	return h, err
+}
+
+// errWaitLost: the wait session ended under the wait.
+var errWaitLost = errors.New("pglock: wait session ended")
+
+func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Options) (*Holder, error) {
+	select {
+	case ws.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-ws.sem }()
+	if ws.conn == nil {
+		// A wait session is worth a connection only if the pool has one
+		// to spare now: the notified retries need none.
+		st := f.pool.Stat()
+		switch {
+		case f.isClosed():
+			return nil, lock.ErrClosed
+		case st.AcquiredConns() >= st.MaxConns():
+			return nil, errNoWaitSession
+		}
+		if err := ws.open(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			backend.Log(&f.cfg.Options).Debug("pglock: no wait session; waiting for notifications", "err", err)
+			return nil, errNoWaitSession
+		}
+		if err := f.watchClient(ws); err != nil {
+			backend.Log(&f.cfg.Options).Debug("pglock: no wait session; waiting for notifications", "err", err)
+			return nil, errNoWaitSession
+		}
+	}
+	pub := o.Owner != "" || len(o.Metadata) > 0
+	q, args := f.mutexStatement(e, o, pub, true)
+	sc := &sessionConn{s: ws, c: ws.conn, ctx: context.Background()}
+	// The statement runs without a deadline: ctx's end cancels it on the
+	// server (or, if the cancel request fails, closes the connection), and
+	// the cancel request is done before the next statement is sent, so it
+	// cannot hit that one.
+	cancelled := make(chan struct{})
+	stopCancel := context.AfterFunc(ctx, func() {
+		defer close(cancelled)
+		cctx, cancel := context.WithTimeout(context.Background(), f.set.connectTimeout)
+		defer cancel()
+		if sc.c.PgConn().CancelRequest(cctx) != nil {
+			ws.forceClose()
+		}
+	})
+	stopClose := context.AfterFunc(f.life, ws.forceClose)
+	var (
+		tok int64
+		pid int32
+	)
+	err := sc.queryRow(q, args...).Scan(&tok, &pid)
+	if !stopCancel() {
+		<-cancelled
+	}
+	stopClose()
+	sctx, cancel := context.WithTimeout(context.Background(), f.set.stmtTimeout)
+	defer cancel()
+	sc.ctx = sctx
+	ended := func() error {
+		if f.isClosed() {
+			return lock.ErrClosed
+		}
+		return ctx.Err()
+	}
+	switch {
+	case err != nil && !sc.clean(err):
+		sc.fail(fmt.Errorf("pglock: waiting: %w", err)) // frees whatever it held
+		if err := ended(); err != nil {
+			return nil, err
+		}
+		return nil, errWaitLost
+	case ended() != nil:
+		// Granted or not, the key is given up, with a row written for it.
+		if _, err := sc.c.Exec(sc.ctx, f.st.unlock, []int64{e.keys.mutex}, int64(0), false); err != nil {
+			sc.fail(err)
+		}
+		return nil, ended()
+	}
+	if tok, err = f.mutexResult(sc, e, pub, tok, pid, err); err != nil {
+		return nil, err
+	}
+	return f.hold(ctx, ws, e, e.keys.mutex, 0, 1, tok, pub, o), nil
+}
+
+// watchClient prepares a new wait session, whose statement may wait for
+// long without a byte in either direction, for the other side's end. The
+// kernel probes the connection, so that on a silently cut network the wait
+// fails after a few health intervals instead of never. Its wait is bounded
+// by the caller, not by timeouts the pool's connections may set. And
+// Postgres checks
+// every health interval that the client is still there
+// (client_connection_check_interval, PostgreSQL 14 and later): a waiting
+// process that was killed leaves the queue then, instead of only when its
+// turn comes and the grant's reply finds nobody.
+func (f *Factory) watchClient(ws *session) error {
+	nc := ws.conn.PgConn().Conn()
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = u.NetConn()
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		d := f.set.health
+		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: d, Interval: d, Count: 3})
+	}
+	ms := strconv.FormatInt(max(f.set.health.Milliseconds(), 1), 10)
+	return ws.use(context.Background(), func(sc *sessionConn) error {
+		if _, err := sc.c.Exec(sc.ctx, `SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false),
+			(SELECT set_config(name, $1, false) FROM pg_settings WHERE name = 'client_connection_check_interval')`, ms); err != nil {
+			return sc.fail(fmt.Errorf("pglock: opening a wait session: %w", err))
+		}
+		return nil
+	})
+}
+
+// listen puts the first waiter into notify mode, which it stays in: the
+// listener runs, and the name is marked as waited for on its session, so
+// that every release after that point notifies. Without a listener (no
+// connection for it) the waiter still works, by polling.
+func (w *waitReg) listen() error {
+	if w.notify {
+		return nil
+	}
+	w.notify = true
+	if err := w.f.lis.ensure(w.ctx); err != nil {
+		backend.Log(&w.f.cfg.Options).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
+	}
+	return w.f.markWaiter(w)
+}
+
+// Wake returns the waiter's channel. In notify mode it first makes sure a
 // release elsewhere still signals it: the listener runs (its connection
 // may have ended), and the name is marked on the session's current
 // connection (a replaced session lost the marker). Failures leave the
 // waiter polling.
 func (w *waitReg) Wake() <-chan struct{} {
-	if !w.f.lis.isRunning() {
-		w.f.lis.ensure(w.ctx)
-	}
-	if w.s.generation() != w.gen.Load() {
-		w.f.markWaiter(w)
+	if w.notify {
+		if !w.f.lis.isRunning() {
+			w.f.lis.ensure(w.ctx)
+		}
+		if w.s.generation() != w.gen.Load() {
+			w.f.markWaiter(w)
+		}
 	}
 	return w.ch
 }
 
-// Close ends the wait: the marker is dropped when the last local waiter of
-// the name on its session leaves.
+// Close ends the wait: the next waiter of the queue is woken if this one
+// was first, and the marker is dropped when the last local waiter of the
+// name on its session leaves.
 func (w *waitReg) Close() {
-	w.f.lis.unsubscribe(w)
+	f := w.f
+	f.mu.Lock()
+	i := slices.Index(w.e.queue, w)
+	w.e.queue = slices.Delete(w.e.queue, i, i+1)
+	if i == 0 && len(w.e.queue) > 0 {
+		w.e.queue[0].wake()
+	}
+	f.mu.Unlock()
+	f.lis.unsubscribe(w)
 	if !w.marked {
 		return
 	}
