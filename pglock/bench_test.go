@@ -190,14 +190,6 @@ func BenchmarkHold10k(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lock")
 }
 
-// contended is one way for N waiting processes to take one lock: each
-// worker has its own connection, pool or factory, as separate processes
-// would.
-type contended struct {
-	setup   func(b *testing.B, pool func() *pgxpool.Pool) // makes the worker's client
-	acquire func(ctx context.Context) (release func() error, err error)
-}
-
 type contendedResult struct {
 	acqs, retakes    int
 	elapsed, maxWait time.Duration
