@@ -384,11 +384,11 @@ func TestPubSubConnectionKilled(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, f.hub.ch) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, h.k.channel) == 1 })
 	if n, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result(); err != nil || n != 1 {
 		t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
 	}
-	waitFor(t, 10*time.Second, "waiter subscribed again", func() bool { return numsub(t, admin, f.hub.ch) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed again", func() bool { return numsub(t, admin, h.k.channel) == 1 })
 	h.Release()
 	select {
 	case err := <-got:
@@ -467,13 +467,13 @@ func TestWaiterCancelLeavesNothing(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.ch) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, h.k.channel) == 1 })
 	cancel()
 	err = <-got
 	if !errors.Is(err, ErrLocked) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait = %v; want ErrLocked and context.Canceled", err)
 	}
-	waitFor(t, 10*time.Second, "unsubscribed", func() bool { return numsub(t, rdb, f.hub.ch) == 0 })
+	waitFor(t, 10*time.Second, "unsubscribed", func() bool { return numsub(t, rdb, h.k.channel) == 0 })
 	waitFor(t, 10*time.Second, "idle pub/sub connection closed", func() bool {
 		list, _ := rdb.ClientList(context.Background()).Result()
 		for _, line := range strings.Split(list, "\n") {
@@ -564,153 +564,5 @@ func TestRenewalLossIsOneWarn(t *testing.T) {
 				t.Errorf("%d Warn lines, want %d: %q (Err %v)", len(log.msgs), want, log.msgs, h.Err())
 			}
 		})
-	}
-}
-
-// childWaiter waits for name until it is killed.
-func childWaiter(addr, name string) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
-	h, err := f.Acquire(context.Background(), name, WithWait())
-	fmt.Printf("child: acquired %v %v\n", h != nil, err)
-	os.Exit(1)
-}
-
-// queueLen is the number of places in name's queue of waiters.
-func queueLen(t testing.TB, rdb *redis.Client, name string) int64 {
-	t.Helper()
-	n, err := rdb.ZCard(ctx0(), keysFor(testPrefix, name).queue).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// A waiting process killed with SIGKILL at the head of the queue: the
-// release passes its turn to the next live waiter at once (its factory
-// hears nothing on its channel), not once its place goes stale after
-// queueLife, and nothing is left in the queue.
-func TestSIGKILLWaiter(t *testing.T) {
-	if testenv.Child() == "kill-waiter" {
-		childWaiter(testenv.RedisAddr(), os.Getenv(childName))
-		return
-	}
-	rdb := newClient(t)
-	holder := testFactory(t, rdb, WithTTL(time.Minute))
-	f := testFactory(t, newClient(t))
-	name := uniq(t, "x")
-	h, err := holder.Acquire(ctxT(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startChild(t, "kill-waiter", "TestSIGKILLWaiter", name)
-	waitFor(t, 30*time.Second, "child queued", func() bool { return queueLen(t, rdb, name) == 1 })
-	got := make(chan error, 1)
-	// Below queueLife: the turn must not wait for the dead place to go stale.
-	ctx, cancel := context.WithTimeout(context.Background(), queueLife*2/3)
-	defer cancel()
-	go func() {
-		w, err := f.Acquire(ctx, name, WithWait())
-		if err == nil {
-			err = w.Release()
-		}
-		got <- err
-	}()
-	waitFor(t, 10*time.Second, "waiter queued behind the child", func() bool { return queueLen(t, rdb, name) == 2 })
-	c.p.Kill()
-	c.p.Wait()
-	if err := h.Release(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("the live waiter behind a killed one: %v", err)
-	}
-	if n := queueLen(t, rdb, name); n != 0 {
-		t.Fatalf("%d places left in the queue", n)
-	}
-}
-
-// A waiter whose ctx ends leaves the queue before its Acquire returns: the
-// next waiter gets the name at its release, not once the place goes stale.
-func TestWaiterCancelLeavesQueue(t *testing.T) {
-	rdb := newClient(t)
-	holder := testFactory(t, rdb, WithTTL(time.Minute))
-	fa, fb := testFactory(t, newClient(t)), testFactory(t, newClient(t))
-	name := uniq(t, "x")
-	q := keysFor(testPrefix, name).queue
-	h, err := holder.Acquire(ctxT(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, cancelA := context.WithCancel(context.Background())
-	gotA := make(chan error, 1)
-	go func() {
-		_, err := fa.Acquire(actx, name, WithWait())
-		gotA <- err
-	}()
-	waitFor(t, 10*time.Second, "first waiter queued", func() bool { return fa.waiting(q) == 1 })
-	ctx, cancel := context.WithTimeout(context.Background(), queueLife*2/3)
-	defer cancel()
-	gotB := make(chan error, 1)
-	go func() {
-		w, err := fb.Acquire(ctx, name, WithWait())
-		if err == nil {
-			err = w.Release()
-		}
-		gotB <- err
-	}()
-	waitFor(t, 10*time.Second, "second waiter queued", func() bool { return queueLen(t, rdb, name) == 2 })
-	cancelA()
-	if err := <-gotA; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled waiter: %v", err)
-	}
-	if n := queueLen(t, rdb, name); n != 1 {
-		t.Fatalf("%d places in the queue after the first waiter gave up; want 1", n)
-	}
-	if err := h.Release(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-gotB; err != nil {
-		t.Fatalf("the waiter behind the one that gave up: %v", err)
-	}
-}
-
-// The pub/sub connection of a waiter is cut and the name released before
-// it subscribed again: the re-subscription has the waiter look again, and
-// it gets the name (its place may have been dropped meanwhile: it queues
-// again).
-func TestPubSubCutWhileWaiting(t *testing.T) {
-	srv := startServer(t)
-	admin := dial(t, srv.addr())
-	holder := NewFactory(admin, WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer holder.Close()
-	f := NewFactory(dial(t, srv.addr()), WithKeyPrefix(testPrefix), WithLogger(nil))
-	defer f.Close()
-	ctx := ctxT(t)
-	name := uniq(t, "x")
-	h, err := holder.Acquire(ctx, name, WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	wctx, cancel := context.WithTimeout(ctx, maxPoll*4/5) // the wake, not the poll
-	defer cancel()
-	go func() {
-		w, err := f.Acquire(wctx, name, WithWait())
-		if err == nil {
-			w.Release()
-		}
-		got <- err
-	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, f.hub.ch) == 1 })
-	waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.queue) == 1 })
-	if n, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result(); err != nil || n != 1 {
-		t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
-	}
-	if err := h.Release(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("waiter after its pub/sub connection was cut: %v", err)
 	}
 }

@@ -63,7 +63,7 @@ func (h *Holder) releaseContext() (context.Context, context.CancelFunc) {
 // runRelease runs the release script: 1 if it removed this holder's lock
 // or permit, 0 if it was no longer there.
 func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
-	sc, keys, args := h.f.releaseCall(h.k, h.id, h.ls)
+	sc, keys, args := releaseCall(h.k, h.id, h.ls)
 	return sc.Run(ctx, h.f.c, keys, args...)
 }
 

@@ -32,10 +32,9 @@ const (
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 
 // WithWait makes Acquire wait until the lock is free or ctx ends, instead
-// of failing at once with ErrLocked. Waiters queue in Redis and are served
-// in arrival order, across processes: the release wakes the first one
-// (pub/sub, on its factory's channel), and a waiter also retries when the
-// current lease would run out, in case its holder dies without releasing.
+// of failing at once with ErrLocked. A waiter is woken by the release's
+// pub/sub notification, and retries when the current lease would run out
+// in case its holder dies without releasing.
 func WithWait() Option { return lock.WithWait() }
 
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
@@ -51,8 +50,7 @@ func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 // WithKeyPrefix puts every key and channel under prefix, used verbatim
 // (default DefaultKeyPrefix, "lock:"; an empty prefix means the default).
 // A name's keys are <prefix>{<escaped name>}:lock, :token, :slots,
-// :permits, :queue and :waiters (and :tomb:<id>); the factory's prefix also
-// names its pub/sub channel, <prefix>waiters:<random id>.
+// :permits, and its channel <prefix>{<escaped name>}:released.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
 // WithAutoRenew(false) turns off the renewal of leases in the background

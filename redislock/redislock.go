@@ -1,6 +1,6 @@
 // Package redislock is a lock backend on Redis: named mutexes and
-// semaphores with fencing tokens, leases that renew, and waiters queued in
-// Redis and woken one at a time by pub/sub.
+// semaphores with fencing tokens, leases that renew, and waiting woken by
+// pub/sub.
 //
 // Every operation is one Lua script, so acquire, release and extend each
 // take one round trip. The acquire script sets the key with an expiry and
@@ -41,8 +41,8 @@
 //
 // The factory accepts any go-redis client: *redis.Client (also a failover
 // client), *redis.ClusterClient, *redis.Ring or a redis.UniversalClient. On a
-// Ring, pub/sub reaches only one shard, so waiters whose factory's channel
-// is on another shard than the name are not notified and poll instead.
+// Ring, pub/sub reaches only one shard, so waiters of names on other shards
+// are not notified and poll instead.
 package redislock
 
 import (
@@ -83,11 +83,6 @@ const tokenRetention = 24 * time.Hour
 // maxPoll bounds the wait between two attempts of a waiter that receives no
 // notification, for a notification lost while pub/sub reconnects.
 const maxPoll = 5 * time.Second
-
-// queueLife is how long a waiter's place in the queue lasts without an
-// attempt (a waiter makes one at least every maxPoll): past it the waiter's
-// process is taken for gone, and its place dropped.
-const queueLife = 3 * maxPoll
 
 // Client is the part of a go-redis client the factory uses: scripts,
 // pipelines and pub/sub. *redis.Client, *redis.ClusterClient, *redis.Ring
@@ -138,7 +133,6 @@ func NewFactory(client Client, opts ...Option) *Factory {
 	}
 	f.rn.f = f
 	f.hub.f = f
-	f.hub.ch = cmp.Or(f.cfg.Options.KeyPrefix, DefaultKeyPrefix) + "waiters:" + semID(newID())
 	_, together := client.(*redis.Client)
 	f.together.Store(together)
 	return f
@@ -197,12 +191,11 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
-// keys are the Redis keys of one name, all tagged with {<escaped name>} so
-// that they share a cluster slot. tomb is the prefix of its tombstone keys,
-// one per given-up id (see tombOf); queue and waiters are its waiters (see
-// wait.go).
+// keys are the Redis keys and channel of one name, all tagged with
+// {<escaped name>} so that they share a cluster slot. tomb is the prefix
+// of its tombstone keys, one per given-up id (see tombOf).
 type keys struct {
-	lock, token, slots, permits, queue, waiters, tomb string
+	lock, token, slots, permits, channel, tomb string
 }
 
 func keysFor(prefix, name string) keys {
@@ -212,7 +205,7 @@ func keysFor(prefix, name string) keys {
 	base := prefix + "{" + backend.Escape(name) + "}:"
 	return keys{
 		lock: base + "lock", token: base + "token", slots: base + "slots",
-		permits: base + "permits", queue: base + "queue", waiters: base + "waiters", tomb: base + "tomb:",
+		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
 	}
 }
 
@@ -277,50 +270,36 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	k := keysFor(o.KeyPrefix, name)
 	ls := f.leaseOf(o)
 	id := newID()
-	var (
-		w     *waiter
-		ch    string        // the factory's channel, given to the scripts by a waiter
-		fresh bool          // the subscription was up before the first attempt
-		skip  bool          // no look right after subscribing: nothing was missed
-		hint  time.Duration // the last attempt's
-	)
-	if o.Wait {
-		// In the hub before the first attempt, so that a wake for its id
-		// is not missed.
-		w, fresh = f.hub.add(semID(id), k.queue, func() { f.leave(ctx, k, id, ls) })
-		defer w.Close()
-		ch = f.hub.ch
-	}
+	var w *waiter
+	// Others in this process wait already: queue behind them rather than
+	// overtake them. The release that frees the lock wakes the first of
+	// them, and each in turn.
+	queued := o.Wait && f.hub.waiting(k.channel) > 0
 	return backend.Wait(ctx, backend.Waiting{
 		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
-		// The script that frees the name tells the first waiter in its
-		// queue; a holder that dies without releasing is noticed when its
-		// lease runs out (the attempt's hint), at the latest after maxPoll.
+		// A release wakes the first waiter; a holder that dies without
+		// releasing is noticed when its lease runs out (the attempt's
+		// hint), at the latest after maxPoll.
 		MinPoll: maxPoll, MaxPoll: maxPoll,
+		Queued: queued,
 		Subscribe: func() (backend.Subscription, error) {
-			// backend.Wait looks again at once, for a release before the
-			// subscription. If the factory's channel was subscribed before
-			// the attempt that queued this waiter, a release after it
-			// told this waiter already (or the re-subscription after a
-			// lost connection will wake it): no second look.
-			skip = f.hub.queued(w, fresh)
+			var ahead int
+			w, ahead = f.hub.join(k.channel, ls.limit)
+			if queued && ahead == 0 {
+				signal(w) // those it queued behind are gone: its turn
+			}
 			return w, nil
 		},
 	}, func() (*Holder, time.Duration, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, 0, err
 		}
-		if skip {
-			skip = false
-			return nil, hint, ErrLocked
-		}
-		a, err := f.try(ctx, k, id, ls, ch)
+		a, err := f.try(ctx, k, id, ls)
 		switch {
 		case err != nil:
 			return nil, 0, err
 		case a.status == 0:
-			hint = max(a.pttl, time.Millisecond)
-			return nil, hint, ErrLocked
+			return nil, max(a.pttl, time.Millisecond), ErrLocked
 		case a.status < 0:
 			return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
 		}
@@ -336,16 +315,15 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	})
 }
 
-// try runs the acquire script once. ch is the factory's channel if the
-// caller waits: on contention the script queues it.
-func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, ch string) (attempt, error) {
+// try runs the acquire script once.
+func (f *Factory) try(ctx context.Context, k keys, id string, ls lease) (attempt, error) {
 	a := attempt{sent: time.Now()}
-	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id), k.queue, k.waiters}
+	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
 	var cmd *redis.Cmd
 	if ls.limit == 1 {
-		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds(), ch, queueLife.Milliseconds())
+		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds())
 	} else {
-		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttl.Milliseconds(), ls.limit, ls.meta, tokenRetention.Milliseconds(), ch, queueLife.Milliseconds(), f.heard())
+		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttl.Milliseconds(), ls.limit, ls.meta, tokenRetention.Milliseconds())
 	}
 	res, err := cmd.Result()
 	if err != nil {
@@ -392,11 +370,8 @@ func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, ch strin
 // so this cannot touch anyone else's), which also writes the id's
 // tombstone. It runs in the background, bounded by its own timeout: the
 // caller's ctx may be over, and a server that does not answer would
-// otherwise keep the caller waiting for that long. Close waits for it. It
-// also takes the id out of the name's queue and, if that frees the name,
-// tells the next waiter. The channel is closed when it is done.
-func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) <-chan struct{} {
-	done := make(chan struct{})
+// otherwise keep the caller waiting for that long. Close waits for it.
+func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 	f.mu.Lock()
 	tracked := !f.closed // Close may be waiting on wg already
 	if tracked {
@@ -404,54 +379,24 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) <-ch
 	}
 	f.mu.Unlock()
 	go func() {
-		defer close(done)
 		if tracked {
 			defer f.wg.Done()
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
 		defer cancel()
-		s, keys, args := f.releaseCall(k, id, ls)
+		s, keys, args := releaseCall(k, id, ls)
 		s.Run(cctx, f.c, keys, args...)
 	}()
-	return done
-}
-
-// leaveWait bounds how long a waiter that gave up waits for leaving the
-// queue before its Acquire returns; the cleanup goes on in the background.
-const leaveWait = time.Second
-
-// leave takes a waiter that gave up out of the queue, as abandon does, and
-// waits for it (up to leaveWait), so that when its Acquire returns the name
-// is free for the next caller.
-func (f *Factory) leave(ctx context.Context, k keys, id string, ls lease) {
-	t := time.NewTimer(leaveWait)
-	defer t.Stop()
-	select {
-	case <-f.abandon(ctx, k, id, ls):
-	case <-t.C:
-	}
 }
 
 // releaseCall is the script, keys and arguments that release the lock or
-// permit with this id, take the id out of the queue, and write its
-// tombstone, for one TTL. If that frees the name, the script tells the
-// first waiter.
-func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
+// permit with this id and write its tombstone, for one TTL.
+func releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
 	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
 	if ls.limit == 1 {
-		return mutexRelease, []string{k.lock, tomb, k.queue, k.waiters}, []any{id, ttl, f.heard()}
+		return mutexRelease, []string{k.lock, tomb}, []any{id, k.channel, ttl}
 	}
-	return semRelease, append(k.list(), tomb, k.queue, k.waiters), []any{semID(id), ttl, f.heard()}
-}
-
-// heard tells the scripts whether a PUBLISH's count of receivers is to be
-// believed: on one server it counts every subscriber, so a waiter whose
-// factory hears nothing is gone; in a cluster it counts only the node's.
-func (f *Factory) heard() string {
-	if f.together.Load() {
-		return "1"
-	}
-	return "0"
+	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
 }
 
 // extendCall is the script, keys and arguments that extend it by ttl.
@@ -599,7 +544,7 @@ func (f *Factory) Close() error {
 func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
 		h := hs[i]
-		return f.releaseCall(h.k, h.id, h.ls)
+		return releaseCall(h.k, h.id, h.ls)
 	})
 }
 

@@ -61,7 +61,7 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 			defer mu.Unlock()
 			n := 0
 			for _, f := range all {
-				n += f.hub.waiting(keysFor(testPrefix, name).queue)
+				n += f.hub.waiting(keysFor(testPrefix, name).channel)
 			}
 			return n
 		},
@@ -138,7 +138,7 @@ func TestKeysExpireAndShareHashTag(t *testing.T) {
 		}
 	}
 	slot := func(k string) string { return k[strings.IndexByte(k, '{') : strings.IndexByte(k, '}')+1] }
-	if slot(m.k.lock) != slot(m.k.token) || slot(m.k.lock) != slot(m.k.slots) || slot(m.k.lock) != slot(m.k.queue) || slot(m.k.lock) != slot(m.k.waiters) {
+	if slot(m.k.lock) != slot(m.k.token) || slot(m.k.lock) != slot(m.k.slots) || slot(m.k.lock) != slot(m.k.channel) {
 		t.Errorf("keys of one name do not share a hash tag: %+v", m.k)
 	}
 	m.Release()
@@ -271,16 +271,16 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	k := keysFor(testPrefix, name)
 	ls := f.leaseOf(&f.cfg.Options)
 	id := newID()
-	a1, err1 := f.try(ctx, k, id, ls, "")
-	a2, err2 := f.try(ctx, k, id, ls, "")
+	a1, err1 := f.try(ctx, k, id, ls)
+	a2, err2 := f.try(ctx, k, id, ls)
 	if err1 != nil || err2 != nil || a1.status != 1 || a2.status != 1 || a1.token != a2.token {
 		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", a1, err1, a2, err2)
 	}
 	other := newID()
-	if a3, err := f.try(ctx, k, other, ls, ""); err != nil || a3.status != 0 || a3.pttl <= 0 {
+	if a3, err := f.try(ctx, k, other, ls); err != nil || a3.status != 0 || a3.pttl <= 0 {
 		t.Fatalf("another id: %+v %v; want locked with the lease left", a3, err)
 	}
-	s, keys, args := f.releaseCall(k, id, ls)
+	s, keys, args := releaseCall(k, id, ls)
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}
@@ -386,13 +386,13 @@ func TestCloseCleansUp(t *testing.T) {
 		_, err := f.Acquire(ctx, name, WithWait())
 		errc <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.ch) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, h.k.channel) == 1 })
 	f.Close()
 	<-errc
 	if n, _ := rdb.Exists(ctx, h.k.lock).Result(); n != 0 {
 		t.Fatal("Close left the lock in Redis")
 	}
-	if n := numsub(t, rdb, f.hub.ch); n != 0 {
+	if n := numsub(t, rdb, h.k.channel); n != 0 {
 		t.Fatalf("%d subscribers left after Close", n)
 	}
 }
@@ -424,7 +424,7 @@ func TestWaitFIFOInProcess(t *testing.T) {
 			mu.Unlock()
 			w.Release()
 		}()
-		waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.queue) == i+1 })
+		waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
 	}
 	h.Release()
 	wg.Wait()
@@ -435,7 +435,7 @@ func TestWaitFIFOInProcess(t *testing.T) {
 	}
 }
 
-func (f *Factory) waiting(queue string) int { return f.hub.waiting(queue) }
+func (f *Factory) waiting(ch string) int { return f.hub.waiting(ch) }
 
 // A permit that expires (its holder died) is found by a waiter through the
 // polling fallback, without a release notification.
@@ -462,45 +462,4 @@ func TestWaitFindsExpiredPermit(t *testing.T) {
 		t.Fatalf("token %d not above the expired permit's %d", w.Token(), dead.Token())
 	}
 	w.Release()
-}
-
-// Waiters of different factories (as of different processes) are served
-// in arrival order.
-func TestWaitFIFOAcrossFactories(t *testing.T) {
-	rdb := newClient(t)
-	holder := testFactory(t, rdb)
-	ctx := ctxT(t)
-	name := uniq(t, "q")
-	h, err := holder.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 6
-	var mu sync.Mutex
-	var order []int
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		f := testFactory(t, newClient(t))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w, err := f.Acquire(ctx, name, WithWait())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		}()
-		waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.queue) == 1 })
-	}
-	h.Release()
-	wg.Wait()
-	for i, v := range order {
-		if v != i {
-			t.Fatalf("hand-off order %v, want FIFO", order)
-		}
-	}
 }

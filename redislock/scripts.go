@@ -9,17 +9,15 @@ import (
 // The Lua scripts, in lua/. Every operation is one script so that it is one
 // round trip and atomic on the server. All keys of one name share the hash
 // tag {<escaped name>}, so the scripts also run on Redis Cluster. Each file
-// states its KEYS, ARGV and reply. The acquire and release scripts run
-// after lua/queue.lua, the waiters' queue, which is not a script of its
-// own; the others run on their own, for example
+// states its KEYS, ARGV and reply, and runs on its own, for example
 //
-//	redis-cli --eval lua/inspect.lua 'lock:{x}:lock' 'lock:{x}:token' 'lock:{x}:slots' 'lock:{x}:permits'
+//	redis-cli --eval lua/mutex_acquire.lua 'lock:{x}:lock' 'lock:{x}:token' \
+//	    'lock:{x}:slots' 'lock:{x}:permits' 'lock:{x}:tomb:0123' , '0123:' 30000 '{}' 86400000
 //
 // The keys of a name (see keysFor): lock (string, a mutex holder), token
 // (counter), slots (zset of semaphore permit ids scored by expiry in server
 // milliseconds), permits (hash: permit id -> "token:since:meta", and
-// "#limit" -> the semaphore's limit), queue and waiters (the waiters, see
-// lua/queue.lua and wait.go), and for acquire and release the id's
+// "#limit" -> the semaphore's limit), and for acquire and release the id's
 // tombstone (see keys.tombOf).
 //
 // A holder is identified by a random id that is unique per acquisition. A
@@ -39,8 +37,6 @@ import (
 // with 14 significant digits, so every number written to Redis is formatted
 // with %d first.
 var (
-	//go:embed lua/queue.lua
-	queueSrc string
 	//go:embed lua/mutex_acquire.lua
 	mutexAcquireSrc string
 	//go:embed lua/mutex_release.lua
@@ -62,12 +58,12 @@ var (
 )
 
 var (
-	mutexAcquire  = redis.NewScript(queueSrc + mutexAcquireSrc)
-	mutexRelease  = redis.NewScript(queueSrc + mutexReleaseSrc)
+	mutexAcquire  = redis.NewScript(mutexAcquireSrc)
+	mutexRelease  = redis.NewScript(mutexReleaseSrc)
 	mutexExtend   = redis.NewScript(mutexExtendSrc)
 	mutexExtendN  = redis.NewScript(mutexExtendManySrc)
-	semAcquire    = redis.NewScript(queueSrc + semAcquireSrc)
-	semRelease    = redis.NewScript(queueSrc + semReleaseSrc)
+	semAcquire    = redis.NewScript(semAcquireSrc)
+	semRelease    = redis.NewScript(semReleaseSrc)
 	semExtend     = redis.NewScript(semExtendSrc)
 	inspectScript = redis.NewScript(inspectSrc)
 	fenceScript   = redis.NewScript(fenceSrc)

@@ -8,9 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Every script in lua/ loads on the real server (SCRIPT LOAD compiles it),
-// on its own or after lua/queue.lua, and is the one the package runs, and
-// the package runs no other.
+// Every script in lua/ loads on the real server (SCRIPT LOAD compiles it)
+// and is the one the package runs, and the package runs no other.
 func TestScriptsLoad(t *testing.T) {
 	rdb := newClient(t)
 	ctx := ctxT(t)
@@ -23,15 +22,9 @@ func TestScriptsLoad(t *testing.T) {
 		t.Fatalf("no scripts in lua/: %v", err)
 	}
 	for _, file := range files {
-		if filepath.Base(file) == "queue.lua" {
-			continue // the prelude of others, loaded with them
-		}
 		src, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
-		}
-		if _, ok := used[redis.NewScript(string(src)).Hash()]; !ok {
-			src = append([]byte(queueSrc), src...)
 		}
 		sha, err := rdb.ScriptLoad(ctx, string(src)).Result()
 		if err != nil {

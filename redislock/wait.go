@@ -4,73 +4,56 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Waiting. A waiter that finds the name taken puts its id in the name's
-// queue in Redis, in the same acquire script (lua/queue.lua): a sorted set
-// in FIFO order, beside a hash of each waiter's deadline and its factory's
-// channel. A free name goes only to the first live waiter in the queue
-// (others, newcomers included, queue behind it), and the script that frees
-// the name (a release, a waiter giving up) publishes that waiter's id on
-// its factory's channel, so one release wakes one waiter of one process.
-//
-// Each factory has one channel and one pub/sub connection, subscribed
-// while it has waiters (and lingerTime after), whatever names they wait
-// for. A waiter is the backend.Subscription of one waiting Acquire; it is
-// in the hub before its first attempt, so that a wake for its id is not
-// missed. When the server confirms the subscription, and again after a
-// reconnect (which covers a wake published while the connection was
-// down), every queued waiter of the factory looks once more.
-//
-// Failures: a waiter that gives up (ctx, Close) leaves the queue by the
-// release script, which tells the next waiter if the name is free. A
-// waiter's place lasts queueLife past its last attempt (a waiter makes one
-// at least every maxPoll): the place of a process that died is dropped
-// then, and earlier on one server, where the wake's PUBLISH reaching no
-// subscriber drops it and tells the next. A wake that is lost anyway is
-// covered by the waiter's next attempt, at most maxPoll later.
+// Waiting. The release script publishes on the name's channel. A factory
+// keeps one pub/sub connection, subscribed to the channels of the names its
+// callers wait for, and wakes the first of its waiters of a name per
+// release (FIFO within the process). A waiter is the backend.Subscription
+// of one waiting Acquire: backend.Wait joins it at the first contention and
+// then looks again at once, so a release in between is not missed. A new
+// subscription wakes the first waiter of its channel once the server
+// confirms it (go-redis sends SUBSCRIBE without waiting for the reply, so
+// the look may have come first), and so does the re-subscription after a
+// reconnect, which covers releases published while the connection was
+// down. The first waiter is enough: the ones behind it get their turn when
+// it takes the lock and releases it, takes a permit (another may be free)
+// or gives up. Waking them all would let one behind overtake it.
 type hub struct {
-	f  *Factory
-	ch string // this factory's channel
+	f *Factory
 
-	subMu sync.Mutex // one SUBSCRIBE at a time; taken before mu
+	subMu  sync.Mutex      // orders SUBSCRIBE and UNSUBSCRIBE; taken before mu
+	subbed map[string]bool // channels subscribed on ps; guarded by subMu
 
 	mu     sync.Mutex
 	ps     *redis.PubSub
-	ready  bool               // the server confirmed ps's subscription
-	epoch  int                // counts the times ready was lost
-	ws     map[string]*waiter // by id (the semaphore form)
+	chans  map[string][]*waiter // waiters per channel, FIFO
 	linger *time.Timer
 	closed bool
 }
 
-// waiter is one waiting Acquire.
+// waiter is one waiting Acquire's place in the queue of its channel.
 type waiter struct {
 	h     *hub
-	id    string
-	queue string        // the name's queue key
+	ch    string
 	wake  chan struct{} // buffered 1
-	leave func()        // takes it out of the server's queue
-	epoch int           // h.epoch when it joined
-
-	// Guarded by h.mu.
-	queued bool // it met contention, so it may be in the server's queue
+	limit int
 	// acquired: the wait ended with the lock, set by the attempt that got
 	// it (on the waiting goroutine, before Close).
 	acquired bool
 }
 
-// Wake returns the channel its turn, or the server's confirmation of the
-// subscription, sends on.
+// Wake returns the channel a release of the name, or the server's
+// confirmation of the subscription, sends on.
 func (w *waiter) Wake() <-chan struct{} { return w.wake }
 
-// Close takes the waiter out of the hub and, if it waited without getting
-// the lock, out of the server's queue. It may be called more than once.
-func (w *waiter) Close() { w.h.remove(w) }
+// Close takes the waiter out of the queue.
+func (w *waiter) Close() { w.h.leave(w) }
 
 const (
 	// lingerTime keeps an idle pub/sub connection open a little, for the
@@ -88,142 +71,182 @@ func signal(w *waiter) {
 	}
 }
 
-// add puts a waiter for the acquisition id, on the name whose queue key is
-// queue, in the hub; leave takes it out of the server's queue. fresh
-// reports whether the subscription is up.
-func (h *hub) add(id, queue string, leave func()) (w *waiter, fresh bool) {
-	w = &waiter{h: h, id: id, queue: queue, wake: make(chan struct{}, 1), leave: leave}
+// join queues a waiter on ch, for a name of this semaphore limit, and
+// subscribes to ch if this process did not listen on it yet. ahead is the
+// number of waiters queued before it.
+func (h *hub) join(ch string, limit int) (w *waiter, ahead int) {
+	w = &waiter{h: h, ch: ch, wake: make(chan struct{}, 1), limit: limit}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.ws == nil {
-		h.ws = map[string]*waiter{}
+	if h.chans == nil {
+		h.chans = map[string][]*waiter{}
 	}
-	h.ws[id] = w
-	w.epoch = h.epoch
-	if h.linger != nil {
-		h.linger.Stop()
-		h.linger = nil
-	}
-	return w, h.ready
-}
-
-// queued marks w as waiting (the attempt queued it on the server) and
-// subscribes if the factory does not listen yet. It reports whether the
-// subscription was up, without a break, since before that attempt
-// (fresh: up when w was added).
-func (h *hub) queued(w *waiter, fresh bool) bool {
-	h.mu.Lock()
-	w.queued = true
-	up := fresh && h.ready && h.epoch == w.epoch
-	listening := h.ps != nil || h.closed
+	ws, listening := h.chans[ch]
+	h.chans[ch] = append(ws, w)
+	closed := h.closed
 	h.mu.Unlock()
-	if !listening {
-		h.listen()
+	if !listening && !closed {
+		h.sync()
 	}
-	return up
+	return w, len(ws)
 }
 
-// waiting reports how many callers wait on the name of this queue key.
-func (h *hub) waiting(queue string) int {
+// waiting reports how many callers wait on ch.
+func (h *hub) waiting(ch string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n := 0
-	for _, w := range h.ws {
-		if w.queue == queue && w.queued {
-			n++
-		}
-	}
-	return n
+	return len(h.chans[ch])
 }
 
-// remove takes w out of the hub.
-func (h *hub) remove(w *waiter) {
+// leave takes w out of the queue. A wake w did not use (it gave up, or
+// got the lock through an earlier wake) passes to the next waiter, and so
+// does the turn after a semaphore permit was taken: another permit may be
+// free.
+func (h *hub) leave(w *waiter) {
 	h.mu.Lock()
-	if h.ws[w.id] != w {
+	ws := h.chans[w.ch]
+	if i := slices.Index(ws, w); i >= 0 {
+		ws = slices.Delete(ws, i, i+1)
+	}
+	pending := false
+	select {
+	case <-w.wake:
+		pending = true
+	default:
+	}
+	if len(ws) > 0 {
+		h.chans[w.ch] = ws
+		if pending || !w.acquired || w.limit > 1 {
+			signal(ws[0])
+		}
 		h.mu.Unlock()
 		return
 	}
-	delete(h.ws, w.id)
-	if len(h.ws) == 0 && h.ps != nil && h.linger == nil && !h.closed {
-		h.linger = time.AfterFunc(lingerTime, h.idle)
+	delete(h.chans, w.ch)
+	if h.closed {
+		h.mu.Unlock()
+		return
 	}
-	gaveUp := w.queued && !w.acquired
+	// Unsubscribe in the background: the caller need not wait for it,
+	// which could take a dial timeout while Redis is away.
+	h.f.wg.Add(1)
 	h.mu.Unlock()
-	if gaveUp {
-		w.leave()
-	}
+	go func() {
+		defer h.f.wg.Done()
+		h.sync()
+	}()
 }
 
-// listen subscribes to the factory's channel, unless it is already.
-func (h *hub) listen() {
+// sync brings the subscriptions in line with the channels waited on.
+func (h *hub) sync() {
 	h.subMu.Lock()
 	defer h.subMu.Unlock()
 	h.mu.Lock()
-	need := h.ps == nil && !h.closed && len(h.ws) > 0
-	h.mu.Unlock()
-	if !need {
-		return
-	}
-	// go-redis sends SUBSCRIBE without waiting for the reply (read's
-	// confirmation wakes the waiters); on a failure it subscribes again
-	// on the next receive, and the waiters poll meanwhile.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	ps := h.f.c.Subscribe(ctx, h.ch)
-	cancel()
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
-		ps.Close()
+		h.mu.Unlock()
 		return
 	}
-	h.ps = ps
-	if len(h.ws) == 0 && h.linger == nil {
+	var add, drop []string
+	for ch := range h.chans {
+		if !h.subbed[ch] {
+			add = append(add, ch)
+		}
+	}
+	for ch := range h.subbed {
+		if _, ok := h.chans[ch]; !ok {
+			drop = append(drop, ch)
+		}
+	}
+	ps := h.ps
+	h.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if h.subbed == nil {
+		h.subbed = map[string]bool{}
+	}
+	if len(drop) > 0 && ps != nil {
+		ps.Unsubscribe(ctx, drop...)
+	}
+	for _, ch := range drop {
+		delete(h.subbed, ch)
+	}
+	if len(add) > 0 {
+		if ps == nil {
+			ps = h.f.c.Subscribe(ctx, add...)
+			h.start(ps)
+		} else {
+			// On error go-redis keeps the channel and subscribes on
+			// reconnect; the waiter polls meanwhile.
+			ps.Subscribe(ctx, add...)
+		}
+		for _, ch := range add {
+			h.subbed[ch] = true
+		}
+	}
+
+	h.mu.Lock()
+	switch {
+	case len(h.chans) > 0 && h.linger != nil:
+		h.linger.Stop()
+		h.linger = nil
+	case len(h.chans) == 0 && h.ps != nil && h.linger == nil:
 		h.linger = time.AfterFunc(lingerTime, h.idle)
 	}
-	h.f.wg.Add(1) // under mu: before close, and so before Close's Wait
+	h.mu.Unlock()
+}
+
+// start makes ps the hub's connection and starts its reader. subMu is held.
+func (h *hub) start(ps *redis.PubSub) {
+	h.mu.Lock()
+	h.ps = ps
+	h.mu.Unlock()
+	h.f.wg.Add(1)
 	go h.read(ps)
 }
 
 // idle closes the connection once nobody has waited for lingerTime.
 func (h *hub) idle() {
+	h.subMu.Lock()
+	defer h.subMu.Unlock()
 	h.mu.Lock()
 	h.linger = nil
 	ps := h.ps
-	if len(h.ws) > 0 || ps == nil || h.closed {
+	if len(h.chans) > 0 || ps == nil || h.closed {
 		h.mu.Unlock()
 		return
 	}
-	h.drop()
-	h.mu.Unlock()
-	ps.Close()
-}
-
-// drop forgets the connection. h.mu is held.
-func (h *hub) drop() {
 	h.ps = nil
-	h.unready()
-}
-
-// unready records that the subscription may have missed a wake. h.mu is
-// held.
-func (h *hub) unready() {
-	if h.ready {
-		h.ready = false
-		h.epoch++
-	}
+	h.mu.Unlock()
+	clear(h.subbed)
+	ps.Close()
 }
 
 // replace swaps a connection that stopped answering for a new one.
 func (h *hub) replace(old *redis.PubSub) {
+	h.subMu.Lock()
+	defer h.subMu.Unlock()
 	h.mu.Lock()
 	if h.ps != old || h.closed {
 		h.mu.Unlock()
 		return
 	}
-	h.drop()
+	h.ps = nil
+	chans := make([]string, 0, len(h.chans))
+	for ch := range h.chans {
+		chans = append(chans, ch)
+	}
 	h.mu.Unlock()
 	old.Close()
-	h.listen()
+	clear(h.subbed)
+	if len(chans) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h.start(h.f.c.Subscribe(ctx, chans...))
+	for _, ch := range chans {
+		h.subbed[ch] = true
+	}
 }
 
 func (h *hub) current(ps *redis.PubSub) bool {
@@ -232,7 +255,7 @@ func (h *hub) current(ps *redis.PubSub) bool {
 	return h.ps == ps && !h.closed
 }
 
-// read delivers the wakes of ps until ps is closed or replaced.
+// read delivers the notifications of ps until ps is closed or replaced.
 func (h *hub) read(ps *redis.PubSub) {
 	defer h.f.wg.Done()
 	ctx := context.Background()
@@ -257,11 +280,8 @@ func (h *hub) read(ps *redis.PubSub) {
 				ps.Ping(ctx)
 			default:
 				// The connection broke. go-redis reconnects and
-				// subscribes again on the next receive; the confirmation
-				// then wakes every waiter.
-				h.mu.Lock()
-				h.unready()
-				h.mu.Unlock()
+				// subscribes again on the next receive; the confirmations
+				// then wake every waiter.
 				t := time.NewTimer(backoff)
 				select {
 				case <-t.C:
@@ -276,48 +296,37 @@ func (h *hub) read(ps *redis.PubSub) {
 		pinged, backoff = false, 10*time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Message:
-			h.notify(m.Payload)
+			h.notify(m.Channel)
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				h.confirmed()
+				h.notify(m.Channel)
 			}
 		}
 	}
 }
 
-// notify wakes the waiter whose turn it is.
-func (h *hub) notify(id string) {
+// notify wakes the first waiter of ch.
+func (h *hub) notify(ch string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if w := h.ws[id]; w != nil {
-		signal(w)
-	}
-}
-
-// confirmed wakes every queued waiter: a wake may have been published
-// before the subscription took effect.
-func (h *hub) confirmed() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.ready = true
-	for _, w := range h.ws {
-		if w.queued {
-			signal(w)
-		}
+	if ws := h.chans[ch]; len(ws) > 0 {
+		signal(ws[0])
 	}
 }
 
 // close stops the hub for good.
 func (h *hub) close() {
+	h.subMu.Lock()
 	h.mu.Lock()
 	h.closed = true
 	ps := h.ps
-	h.drop()
+	h.ps = nil
 	if h.linger != nil {
 		h.linger.Stop()
 		h.linger = nil
 	}
 	h.mu.Unlock()
+	h.subMu.Unlock()
 	if ps != nil {
 		ps.Close()
 	}

@@ -1,14 +1,9 @@
--- Takes a semaphore permit (after queue.lua).
--- KEYS: lock, token, slots, permits, the id's tombstone, queue, waiters.
--- ARGV: id, ttl ms, limit, meta JSON, token retention ms, the factory's
--- channel if the caller waits ('' if not), queue entry lifetime ms, heard
--- (see wake).
+-- Takes a semaphore permit.
+-- KEYS: lock, token, slots, permits, the id's tombstone.
+-- ARGV: id, ttl ms, limit, meta JSON, token retention ms.
 -- Reply: as mutex_acquire.lua.
---
--- Free permits go to the first live waiters in the queue; a waiter that
--- takes one while more are free tells the next.
-Q, W = KEYS[6], KEYS[7]
-local tok, now = clock()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nows = string.format('%d', now)
 
 -- sweep drops expired permits and returns how many are left.
@@ -37,23 +32,18 @@ local id, ttl, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, '1'} end
 local n = sweep()
 if redis.call('ZSCORE', KEYS[3], id) then -- our own acquire, retried
-  local _, _, held = string.find(redis.call('HGET', KEYS[4], id) or '0:0:', '^([^:]*):')
-  return held
+  local _, _, tok = string.find(redis.call('HGET', KEYS[4], id) or '0:0:', '^([^:]*):')
+  return tok
 end
 if n > 0 then
   local have = tonumber(redis.call('HGET', KEYS[4], '#limit'))
   if have and have ~= limit then return {-1, string.format('%d', have)} end
   if n >= limit then
-    queue(id, ARGV[6], tok, now, ARGV[7])
     local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
     return {0, tonumber(first[2]) - now}
   end
 end
-if ahead(id, now, limit - n) >= limit - n then
-  queue(id, ARGV[6], tok, now, ARGV[7])
-  return {0, ARGV[7]}
-end
-dequeue(id)
+local tok = t[1] .. string.format('%06d', t[2])
 local last = tonumber(redis.call('SET', KEYS[2], tok, 'PX', ARGV[5], 'GET'))
 if last and last >= tonumber(tok) then
   tok = string.format('%d', redis.call('INCRBY', KEYS[2], string.format('%d', last - tonumber(tok) + 1)))
@@ -61,5 +51,4 @@ end
 redis.call('ZADD', KEYS[3], string.format('%d', now + ttl), id)
 redis.call('HSET', KEYS[4], id, tok .. ':' .. nows .. ':' .. ARGV[4], '#limit', ARGV[3])
 keep()
-if n + 1 < limit then wake(now, ARGV[8]) end
 return tok

@@ -1,16 +1,14 @@
--- Removes this holder's permit, if it is still there, takes the id out of
--- the queue, and if a permit is free tells the first waiter (after
--- queue.lua); writes the id's tombstone in any case. Also the cleanup of a
--- failed attempt and of a waiter that gave up.
--- KEYS: lock, token, slots, permits, the id's tombstone, queue, waiters.
--- ARGV: id, tombstone ms, heard (see wake).
+-- Removes this holder's permit, if it is still there, and wakes waiters
+-- (also when it dropped expired permits); writes the id's tombstone in any
+-- case.
+-- KEYS: lock, token, slots, permits, the id's tombstone.
+-- ARGV: id, channel, tombstone ms.
 -- Reply: 1 released, 0 not ours (lost).
-Q, W = KEYS[6], KEYS[7]
-local _, now = clock()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nows = string.format('%d', now)
 
-redis.call('SET', KEYS[5], '1', 'PX', ARGV[2])
-dequeue(ARGV[1])
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
 local s = redis.call('ZSCORE', KEYS[3], ARGV[1])
 local ok = 0
 if s then
@@ -24,9 +22,6 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', nows)
   for i = 1, #gone do redis.call('HDEL', KEYS[4], gone[i]) end
 end
-local n = redis.call('ZCARD', KEYS[3])
-if n == 0 then redis.call('DEL', KEYS[4]) end
-if redis.call('EXISTS', Q) == 1 and (n == 0 or n < tonumber(redis.call('HGET', KEYS[4], '#limit') or '0')) then
-  wake(now, ARGV[3])
-end
+if redis.call('ZCARD', KEYS[3]) == 0 then redis.call('DEL', KEYS[4]) end
+if s or #gone > 0 then redis.call('PUBLISH', ARGV[2], 'r') end
 return ok
