@@ -1,11 +1,13 @@
 package redislock
 
 import (
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
 
@@ -96,5 +98,33 @@ func TestListLongName(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("List = %v; want %v", got, want)
+	}
+}
+
+// List reads more names than one SCAN page holds, each once.
+func TestListPages(t *testing.T) {
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f := testFactory(t, rdb)
+	base := uniq(t, "")
+	want := map[string]uint64{}
+	for i := range lock.ListPageSize + 2 {
+		name := fmt.Sprintf("%s%04d", base, i)
+		h, err := f.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		want[name] = h.Token()
+	}
+	got := map[string]uint64{}
+	for info, err := range f.List(ctx, base) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[info.Name] = info.Holders[0].Token
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("List yielded %d names; want %d", len(got), len(want))
 	}
 }
