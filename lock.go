@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"time"
 )
 
@@ -129,11 +130,29 @@ type Inspector interface {
 	Inspect(ctx context.Context, name string) (Info, error)
 }
 
+// A Lister lists the names that are held (or waited for), for operators.
+// Backends' factories implement it.
+//
+// List yields one Info per held name that starts with prefix ("" lists
+// every name), in an order each backend documents. It reads the store in
+// pages of at most [ListPageSize] entries, so a store with a million names
+// never sits in memory at once, and stops reading when the loop breaks. An
+// error ends the iteration with (Info{}, err). A name taken or released
+// while the listing runs may or may not be listed.
+type Lister interface {
+	List(ctx context.Context, prefix string) iter.Seq2[Info, error]
+}
+
+// ListPageSize is the most entries (keys, files, rows) a Lister fetches
+// from its store at once.
+const ListPageSize = 256
+
 // Info describes the current state of one name.
 type Info struct {
 	Name    string
 	Limit   int          // 1 for a mutex, n for a semaphore; 0 when nobody holds it
 	Holders []HolderInfo // empty when the name is free
+	Waiting int          // Acquires waiting for the name; 0: unknown or none
 }
 
 // HolderInfo describes one current holder. Fields a backend cannot know are

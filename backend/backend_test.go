@@ -224,3 +224,27 @@ func TestTake(t *testing.T) {
 		t.Fatalf("Take after a resolve error = %v (%d events from the first call, want 1)", err, events)
 	}
 }
+
+func TestUnescape(t *testing.T) {
+	long := strings.Repeat("é", 100)
+	for _, name := range []string{"a", "x/y z", "é/ü", "a%2Fb", "~tilde", strings.Repeat("n", 150)} {
+		esc := backend.Escape(name)
+		if got, ok := backend.Unescape(esc); !ok || got != name {
+			t.Errorf("Unescape(Escape(%q)) = %q, %v", name, got, ok)
+		}
+		if !strings.HasPrefix(esc, backend.EscapePrefix(name[:len(name)/2])) {
+			t.Errorf("EscapePrefix of half of %q does not begin %q", name, esc)
+		}
+	}
+	if _, ok := backend.Unescape(backend.Escape(long)); ok {
+		t.Error("Unescape of a hashed name succeeded")
+	}
+	if !strings.HasPrefix(backend.Escape(long), backend.EscapePrefix(long)) {
+		t.Error("EscapePrefix of a long name does not begin its hashed form")
+	}
+	for _, bad := range []string{"a%2", "a%zz", "a%41", "a.b", "a%2f"} {
+		if got, ok := backend.Unescape(bad); ok {
+			t.Errorf("Unescape(%q) = %q; want failure", bad, got)
+		}
+	}
+}

@@ -3,9 +3,11 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +43,7 @@ func TestConformance(t *testing.T) {
 		// minimum lease is 2s.
 		TTL:       2 * time.Second,
 		Inspector: func(t testing.TB) lock.Inspector { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		Lister:    func(t testing.TB) lock.Lister { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
 		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
 			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{testenv.ClosedAddr(t)}, Logger: zap.NewNop()})
 			if err != nil {
@@ -545,4 +548,58 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestListPages: List reads more names than one page holds, each once and
+// in order, and counts a waiter behind a holder.
+func TestListPages(t *testing.T) {
+	cli := client(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)))
+	ctx := ctxT(t, time.Minute)
+	var want []string
+	for i := range lock.ListPageSize + 2 {
+		name := fmt.Sprintf("p/%04d", i)
+		h, err := f.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		want = append(want, name)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() {
+		h, err := f.Acquire(wctx, "p/0000", lock.WithWait())
+		if err == nil {
+			h.Release()
+		}
+		waited <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if info, err := f.Inspect(ctx, "p/0000"); err != nil || info.Waiting == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never showed in Inspect's Waiting")
+		}
+	}
+	var got []string
+	for info, err := range f.List(ctx, "p/") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Holders) != 1 {
+			t.Fatalf("List: %+v; want one holder", info)
+		}
+		if w := map[bool]int{true: 1}[info.Name == "p/0000"]; info.Waiting != w {
+			t.Errorf("List: %s has Waiting %d; want %d", info.Name, info.Waiting, w)
+		}
+		got = append(got, info.Name)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("List yielded %d names; want %d in order, %q to %q", len(got), len(want), want[0], want[len(want)-1])
+	}
+	cancel()
+	<-waited
 }

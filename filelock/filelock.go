@@ -52,12 +52,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"iter"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -399,12 +403,18 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := ctx.Err(); err != nil {
 		return lock.Info{}, err
 	}
-	info := lock.Info{Name: name}
 	dir, err := f.dir(&f.cfg.Options)
 	if err != nil {
-		return info, err
+		return lock.Info{Name: name}, err
 	}
-	esc := backend.Escape(name)
+	return f.inspectEsc(dir, backend.Escape(name), name)
+}
+
+// inspectEsc reads the live holders of the name whose escaped form is
+// esc; name is "" when the caller knows only esc (List), and the name in
+// the markers is reported.
+func (f *Factory) inspectEsc(dir, esc, name string) (lock.Info, error) {
+	info := lock.Info{Name: name}
 	paths, err := namePaths(dir, esc)
 	if err != nil {
 		return info, err
@@ -423,12 +433,81 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		if m != nil {
 			hi.Token, hi.ID, hi.Owner, hi.Since, limit = m.Token, fmt.Sprintf("%d@%s", m.PID, m.Host), m.Owner, m.Acquired, m.Limit
 			hi.Metadata = maps.Clone(m.Meta)
+			if info.Name == "" {
+				info.Name = m.Name
+			}
 		}
 		info.Limit = max(info.Limit, limit, 1)
 		info.Holders = append(info.Holders, hi)
 	}
 	sort.Slice(info.Holders, func(i, k int) bool { return info.Holders[i].Token < info.Holders[k].Token })
 	return info, nil
+}
+
+// List yields the held names in the factory's directory that start with
+// prefix, with their live holders as Inspect reports them. The order is
+// the directory's, not sorted: the directory is read lock.ListPageSize
+// entries at a time, and sorting would need every entry at once. Each
+// name is found by its counter file (<esc>.token, which every name that
+// was ever taken has) and reported with the name its markers record.
+// Waiting is 0: waiters are not recorded.
+func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
+	return func(yield func(lock.Info, error) bool) {
+		if f.cfg.Err != nil {
+			yield(lock.Info{}, f.cfg.Err)
+			return
+		}
+		dir, err := f.dir(&f.cfg.Options)
+		if err != nil {
+			yield(lock.Info{}, err)
+			return
+		}
+		d, err := os.Open(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			return // nothing was ever held here
+		}
+		if err != nil {
+			yield(lock.Info{}, fmt.Errorf("filelock: %w", err))
+			return
+		}
+		defer d.Close()
+		ep := backend.EscapePrefix(prefix)
+		for {
+			entries, rerr := d.ReadDir(lock.ListPageSize)
+			for _, e := range entries {
+				esc, kind := classify(e.Name())
+				if kind != kindCounter || !strings.HasPrefix(esc, ep) {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				info, err := f.inspectEsc(dir, esc, "")
+				if err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				match := strings.HasPrefix(info.Name, prefix)
+				if info.Name == "" { // only unreadable markers
+					info.Name, match = backend.ListedName(esc, prefix)
+				}
+				if len(info.Holders) == 0 || !match {
+					continue
+				}
+				if !yield(info, nil) {
+					return
+				}
+			}
+			if rerr == io.EOF {
+				return
+			}
+			if rerr != nil {
+				yield(lock.Info{}, fmt.Errorf("filelock: %w", rerr))
+				return
+			}
+		}
+	}
 }
 
 // namePaths lists the marker files that exist for esc.

@@ -42,11 +42,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -304,7 +307,7 @@ var hostname = sync.OnceValue(func() string {
 })
 
 func (c *call) holderRecord(token uint64, now time.Time) record {
-	return record{token: token, pid: pid, host: hostname(), since: now, owner: c.o.Owner, meta: c.o.Metadata}
+	return record{name: c.name, token: token, pid: pid, host: hostname(), since: now, owner: c.o.Owner, meta: c.o.Metadata}
 }
 
 // finishSweep completes a sweep whose sweeper died between marking the
@@ -502,7 +505,7 @@ func (s *semAttempt) join(c *call) error {
 					return err
 				}
 			}
-			out := record{limit: c.limit, token: rec.token}
+			out := record{name: c.name, limit: c.limit, token: rec.token}
 			if err := writeRecord(s.name, &out); err != nil {
 				s.close()
 				return err
@@ -622,7 +625,7 @@ func (s *semAttempt) take(c *call, i int) (*Holder, error) {
 			return errChanged
 		}
 		token = backend.NextToken(rec.token, now)
-		return writeRecord(s.name, &record{limit: c.limit, token: token})
+		return writeRecord(s.name, &record{name: c.name, limit: c.limit, token: token})
 	})
 	if err == nil {
 		out := c.holderRecord(token, now)
@@ -686,7 +689,14 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err != nil {
 		return lock.Info{}, err
 	}
-	c := newCall(dir, backend.Escape(name))
+	return inspectFile(ctx, dir, backend.Escape(name), name)
+}
+
+// inspectFile reads the holders of the name whose escaped form is esc;
+// name is "" when the caller knows only esc (List), and the record's
+// name is reported.
+func inspectFile(ctx context.Context, dir, esc, name string) (lock.Info, error) {
+	c := newCall(dir, esc)
 	c.name = name
 	for i := 0; ; i++ {
 		info, again, err := c.inspect()
@@ -697,6 +707,74 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		case <-ctx.Done():
 			return info, ctx.Err()
 		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// List yields the held names in the factory's directory that start with
+// prefix, with their holders as Inspect reports them (and its brief
+// shared locks). The order is the directory's, not sorted: the directory
+// is read lock.ListPageSize entries at a time, and sorting would need
+// every entry at once. A name comes from its lock file's record; a record
+// written before List existed has none, and a long (hashed) name among
+// those is listed under its escaped file name (backend.ListedName).
+// Waiting is 0: waiters are not recorded.
+func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
+	return func(yield func(lock.Info, error) bool) {
+		if f.cfg.Err != nil {
+			yield(lock.Info{}, f.cfg.Err)
+			return
+		}
+		dir, err := f.dirOf(&f.cfg.Options)
+		if err != nil {
+			yield(lock.Info{}, err)
+			return
+		}
+		d, err := os.Open(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			return // nothing was ever held here
+		}
+		if err != nil {
+			yield(lock.Info{}, fmt.Errorf("flock: %w", err))
+			return
+		}
+		defer d.Close()
+		ep := backend.EscapePrefix(prefix)
+		for {
+			entries, rerr := d.ReadDir(lock.ListPageSize)
+			for _, e := range entries {
+				// A name file is <esc>.lock; esc has no '.', slot files do.
+				esc, ok := strings.CutSuffix(e.Name(), ".lock")
+				if !ok || esc == "" || strings.Contains(esc, ".") || !strings.HasPrefix(esc, ep) {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				info, err := inspectFile(ctx, dir, esc, "")
+				if err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				match := strings.HasPrefix(info.Name, prefix)
+				if info.Name == "" {
+					info.Name, match = backend.ListedName(esc, prefix)
+				}
+				if len(info.Holders) == 0 || !match {
+					continue
+				}
+				if !yield(info, nil) {
+					return
+				}
+			}
+			if rerr == io.EOF {
+				return
+			}
+			if rerr != nil {
+				yield(lock.Info{}, fmt.Errorf("flock: %w", rerr))
+				return
+			}
 		}
 	}
 }
@@ -721,6 +799,9 @@ func (c *call) inspect() (info lock.Info, again bool, err error) {
 	rec, valid, err := readRecord(fd)
 	if err != nil {
 		return info, false, fmt.Errorf("flock: %w", err)
+	}
+	if info.Name == "" && valid { // listing a name known only by its file
+		info.Name = rec.name
 	}
 	if !shared { // an exclusive holder: a mutex, or a moment of a sweep or a first member
 		if !valid || rec.dead || rec.limit != 1 {

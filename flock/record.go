@@ -16,6 +16,7 @@ import (
 // cat:
 //
 //	ubgo-flock 1 <body length> <crc32 of body, hex>
+//	name "nightly/import"
 //	limit 1
 //	token 1764480000000000001
 //	pid 4242
@@ -30,8 +31,11 @@ import (
 // checksum lets a reader that raced a writer, or met a damaged file, tell
 // that the record is unusable instead of trusting half of one. A record is
 // written over the old one without truncating the file: the header's
-// length says where it ends.
+// length says where it ends. The name line is there for List, because a
+// long name's file name is a hash; readers ignore lines they do not know,
+// so older readers take newer records.
 type record struct {
+	name  string // the lock's name; empty in records written before List
 	limit int
 	token uint64
 	dead  bool
@@ -51,6 +55,9 @@ const maxRecord = 1 << 20
 // encode returns the record as written to disk.
 func (r *record) encode() []byte {
 	var b bytes.Buffer
+	if r.name != "" {
+		fmt.Fprintf(&b, "name %q\n", r.name)
+	}
 	if r.limit > 0 {
 		fmt.Fprintf(&b, "limit %d\n", r.limit)
 	}
@@ -124,6 +131,8 @@ func parseBody(body string) (r record, err error) {
 			return r, errField
 		}
 		switch key {
+		case "name":
+			r.name, err = strconv.Unquote(val)
 		case "limit":
 			r.limit, err = strconv.Atoi(val)
 			if err == nil && (r.limit < 0 || r.limit > MaxPermits) {

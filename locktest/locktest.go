@@ -16,8 +16,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,6 +50,12 @@ type Backend struct {
 	TTL time.Duration
 	// Inspector, if set, returns the inspector of the store New uses.
 	Inspector func(t testing.TB) lock.Inspector
+	// Lister, if set, returns the lister of the store New uses.
+	Lister func(t testing.TB) lock.Lister
+	// ListOwnedOnly says the Lister sees only holders that were given
+	// lock.WithOwner or lock.WithMetadata (pglock): the List test gives
+	// its holders an owner.
+	ListOwnedOnly bool
 	// Lose, if set, makes h lose its lock the way the backend can lose one
 	// in production (expired lease, killed session, removed marker).
 	Lose func(t testing.TB, h lock.Holder)
@@ -129,6 +138,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("LeaseExpiry", s.leaseExpiry)
 	t.Run("Loss", s.loss)
 	t.Run("Inspect", s.inspect)
+	t.Run("List", s.list)
 	t.Run("Observer", s.observer)
 	t.Run("Close", s.close)
 	t.Run("Config", s.config)
@@ -946,6 +956,107 @@ func (s *suite) inspect(t *testing.T) {
 	}
 	if _, err := in.Inspect(ctxT(t), ""); !errors.Is(err, lock.ErrInvalidName) {
 		t.Fatalf("Inspect(\"\") = %v; want ErrInvalidName", err)
+	}
+}
+
+// listed runs List(prefix) to its end and returns each name's sorted
+// tokens, failing on an error or a name listed twice.
+func listed(t *testing.T, ls lock.Lister, prefix string) map[string][]uint64 {
+	t.Helper()
+	got := map[string][]uint64{}
+	for info, err := range ls.List(ctxT(t), prefix) {
+		if err != nil {
+			t.Fatalf("List(%q): %v", prefix, err)
+		}
+		if _, dup := got[info.Name]; dup {
+			t.Fatalf("List(%q) yielded %q twice", prefix, info.Name)
+		}
+		if !strings.HasPrefix(info.Name, prefix) {
+			t.Errorf("List(%q) yielded %q", prefix, info.Name)
+		}
+		if len(info.Holders) > 0 && info.Limit < len(info.Holders) {
+			t.Errorf("List: %q has Limit %d and %d holders", info.Name, info.Limit, len(info.Holders))
+		}
+		toks := []uint64{}
+		for _, hi := range info.Holders {
+			toks = append(toks, hi.Token)
+		}
+		slices.Sort(toks)
+		got[info.Name] = toks
+	}
+	return got
+}
+
+// list: List(prefix) yields exactly the held names under prefix — one
+// with a non-ASCII byte, a semaphore with two permits taken — each with
+// its holders' tokens; released names disappear; names beside the
+// prefix are not listed; breaking out of the loop ends it.
+func (s *suite) list(t *testing.T) {
+	if s.Lister == nil {
+		t.Skip("backend gave no Lister")
+	}
+	ls := s.Lister(t)
+	var opts []lock.Option
+	if s.ListOwnedOnly {
+		opts = append(opts, lock.WithOwner("locktest-owner"))
+	}
+	l := s.New(t, opts...)
+	prefix := s.name(t, "in/")
+	want := map[string][]uint64{}
+	var held []lock.Holder
+	hold := func(l lock.Locker, name string) lock.Holder {
+		h := s.mustAcquire(t, l, name)
+		held = append(held, h)
+		want[name] = append(want[name], h.Token())
+		slices.Sort(want[name])
+		return h
+	}
+	defer func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}()
+	a := hold(l, prefix+"a")
+	hold(l, prefix+"\u00fc/b")
+	if s.Semaphore {
+		sem := s.New(t, append(opts, lock.WithMaxConcurrent(2))...)
+		hold(sem, prefix+"sem")
+		hold(sem, prefix+"sem")
+	}
+	beside := map[string][]uint64{}
+	for _, name := range []string{s.name(t, "in"), s.name(t, "out/a")} {
+		h := s.mustAcquire(t, l, name)
+		held = append(held, h)
+		beside[name] = []uint64{h.Token()}
+	}
+	if got := listed(t, ls, prefix); !reflect.DeepEqual(got, want) {
+		t.Fatalf("List(%q) = %v; want %v", prefix, got, want)
+	}
+	all := maps.Clone(want)
+	maps.Copy(all, beside)
+	if got := listed(t, ls, s.name(t, "")); !reflect.DeepEqual(got, all) {
+		t.Fatalf("List(%q) = %v; want %v", s.name(t, ""), got, all)
+	}
+	if got := listed(t, ls, s.name(t, "none/")); len(got) != 0 {
+		t.Fatalf("List of a prefix nobody holds = %v; want nothing", got)
+	}
+
+	s.mustRelease(t, a)
+	delete(want, prefix+"a")
+	if got := listed(t, ls, prefix); !reflect.DeepEqual(got, want) {
+		t.Fatalf("List(%q) after a Release = %v; want %v", prefix, got, want)
+	}
+
+	n := 0
+	for _, err := range ls.List(ctxT(t), s.name(t, "")) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		break // a Lister that yields again after this panics
+	}
+	if n != 1 {
+		t.Fatalf("List yielded %d names before the break; want 1", n)
 	}
 }
 

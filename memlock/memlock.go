@@ -12,7 +12,10 @@ import (
 	"container/list"
 	"context"
 	"fmt"
+	"iter"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -191,17 +194,27 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
-// Inspect reports the current holders of name.
+// Inspect reports the current holders of name and how many Acquires wait
+// for it.
 func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.infoLocked(name), nil
+}
+
+// infoLocked describes name. f.mu is held.
+func (f *Factory) infoLocked(name string) lock.Info {
 	info := lock.Info{Name: name}
 	e := f.names[name]
-	if e == nil || len(e.holders) == 0 {
-		return info, nil
+	if e == nil {
+		return info
+	}
+	info.Waiting = e.waiters.Len()
+	if len(e.holders) == 0 {
+		return info
 	}
 	info.Limit = e.limit
 	for h := range e.holders {
@@ -210,7 +223,41 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		})
 	}
 	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
-	return info, nil
+	return info
+}
+
+// List yields the names that start with prefix and are held or waited
+// for, in byte order, with their holders and waiting counts. The names
+// are a snapshot taken when the loop starts (they are in memory anyway);
+// each name's state is read as it is reached, and a name freed since is
+// skipped.
+func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
+	return func(yield func(lock.Info, error) bool) {
+		f.mu.Lock()
+		var names []string
+		for name := range f.names {
+			if strings.HasPrefix(name, prefix) {
+				names = append(names, name)
+			}
+		}
+		f.mu.Unlock()
+		slices.Sort(names)
+		for _, name := range names {
+			if err := ctx.Err(); err != nil {
+				yield(lock.Info{}, err)
+				return
+			}
+			f.mu.Lock()
+			info := f.infoLocked(name)
+			f.mu.Unlock()
+			if len(info.Holders) == 0 && info.Waiting == 0 {
+				continue
+			}
+			if !yield(info, nil) {
+				return
+			}
+		}
+	}
 }
 
 // ForceLoss makes every current holder of name lose its lock, as an expired

@@ -24,6 +24,7 @@ func TestConformance(t *testing.T) {
 		Extend:      true,
 		TTL:         50 * time.Millisecond,
 		Inspector:   func(testing.TB) lock.Inspector { return f },
+		Lister:      func(testing.TB) lock.Lister { return f },
 		Lose:        func(t testing.TB, h lock.Holder) { f.ForceLoss(h.(*memlock.Holder).Name()) },
 		Waiting:     f.Waiting,
 		// A factory is a store of its own: the closed one shares nothing

@@ -35,6 +35,9 @@ func TestConformance(t *testing.T) {
 		Wait:        true,
 		Semaphore:   true,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
+		Lister:      func(testing.TB) lock.Lister { return fs[1] },
+		// Plain holders write no row that List could find.
+		ListOwnedOnly: true,
 		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
 			pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.ClosedAddr(t)+"/test?sslmode=disable")
 			if err != nil {

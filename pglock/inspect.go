@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"sort"
 	"strconv"
 	"time"
@@ -121,6 +122,75 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	}
 	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
 	return info, nil
+}
+
+// List yields the names under the factory's key prefix that start with
+// prefix and have a holder row, in byte order, each as Inspect reports it
+// (with every holder in pg_locks, rowless ones too). A holder has a row
+// only when its Acquire set WithOwner or WithMetadata: a name whose
+// holders set neither is not listed, because pg_locks keeps only a hash
+// of it and writing a row on every Acquire would slow the plain ones
+// down. It reads the names lock.ListPageSize at a time, each page a scan
+// of pglock_holders (an unlogged table of current holders), and holds no
+// connection between pages. Waiting is 0: waiters are not recorded.
+func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
+	return func(yield func(lock.Info, error) bool) {
+		if f.cfg.Err != nil {
+			yield(lock.Info{}, f.cfg.Err)
+			return
+		}
+		ns := f.cfg.Options.KeyPrefix
+		for after := ""; ; {
+			names, err := f.listPage(ctx, ns, prefix, after)
+			if err != nil {
+				yield(lock.Info{}, err)
+				return
+			}
+			for _, name := range names {
+				info, err := f.Inspect(ctx, name)
+				if err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				if len(info.Holders) > 0 && !yield(info, nil) {
+					return
+				}
+			}
+			if len(names) < lock.ListPageSize {
+				return
+			}
+			after = names[len(names)-1]
+		}
+	}
+}
+
+// listPage returns the next names with holder rows after after.
+func (f *Factory) listPage(ctx context.Context, ns, prefix, after string) ([]string, error) {
+	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
+	pc, err := f.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("%w within %v: %w", ErrPoolExhausted, f.set.connectTimeout, err)
+		}
+		return nil, fmt.Errorf("pglock: list: %w", err)
+	}
+	defer pc.Release()
+	rows, err := pc.Query(ctx, f.st.list, ns, prefix, after, lock.ListPageSize)
+	if err != nil {
+		if isUndefined(err) {
+			return nil, nil // nothing was ever locked in this schema
+		}
+		return nil, fmt.Errorf("pglock: list: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		if isUndefined(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("pglock: list: %w", err)
+	}
+	return names, nil
 }
 
 func isUndefined(err error) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -622,5 +623,41 @@ func TestPoolWithoutStatementCache(t *testing.T) {
 		if err := h.Release(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestListPages: List reads more names than one page holds, each once and
+// in byte order; a holder without an owner or metadata is not listed.
+func TestListPages(t *testing.T) {
+	f := pglock.NewFactory(newPool(t), pglock.WithLogger(nil), pglock.WithKeyPrefix(uniq(t)))
+	defer f.Close()
+	ctx := ctxT(t)
+	var want []string
+	for i := range lock.ListPageSize + 2 {
+		name := fmt.Sprintf("p/%04d", i)
+		h, err := f.Acquire(ctx, name, lock.WithOwner("lister"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		want = append(want, name)
+	}
+	plain, err := f.Acquire(ctx, "p/plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Release()
+	var got []string
+	for info, err := range f.List(ctx, "p/") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Holders) != 1 || info.Holders[0].Owner != "lister" {
+			t.Fatalf("List: %+v; want one holder, owner lister", info)
+		}
+		got = append(got, info.Name)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("List yielded %d names; want %d in order, %q to %q", len(got), len(want), want[0], want[len(want)-1])
 	}
 }

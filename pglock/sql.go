@@ -59,6 +59,7 @@ type statements struct {
 	semAcquire, semRelease, relimit                              string
 	epoch, rebase, token, retoken                                string
 	unlock, inspectLimit, inspect                                string
+	list                                                         string
 }
 
 func newStatements(schema string) *statements {
@@ -126,6 +127,10 @@ func newStatements(schema string) *statements {
 		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,
 		relimit:      `SELECT ` + q("pglock_relimit_v1") + `($1, $2, $3, $4, $5), pg_backend_pid()`,
 		inspectLimit: `SELECT lim, ns, name FROM ` + q("pglock_limits") + ` WHERE key = $1`,
+		// One page of the names with holder rows, in byte order, after $3.
+		list: `SELECT DISTINCT name COLLATE "C" FROM ` + q("pglock_holders") + `
+			WHERE ns = $1 AND starts_with(name, $2) AND name COLLATE "C" > $3
+			ORDER BY 1 LIMIT $4`,
 
 		epoch:  `SELECT coalesce((SELECT e FROM ` + q("pglock_epoch") + `), 0), pg_backend_pid()`,
 		rebase: `SELECT pg_backend_pid() FROM ` + q("pglock_rebase_v1") + `()`,

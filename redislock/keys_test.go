@@ -1,10 +1,14 @@
 package redislock
 
 import (
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // The keys of a name share its hash tag.
@@ -61,4 +65,66 @@ func TestHolderKey(t *testing.T) {
 			t.Errorf("after Release ZSCORE %s = %v, want redis.Nil", h.Key(), err)
 		}
 	})
+}
+
+// List recovers names from their keys; a long name's key holds a hash of
+// it, and List reports its escaped form, with its holders, for a mutex and
+// a semaphore. A key prefix with glob characters matches only itself.
+func TestListLongName(t *testing.T) {
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix+"[*]:"), WithLogger(nil))
+	defer f.Close()
+	base := uniq(t, "")
+	long := base + strings.Repeat("é", 200)
+	want := map[string]uint64{}
+	for i, name := range []string{long + "1", long + "2"} {
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		want[backend.Escape(name)] = h.Token()
+	}
+	got := map[string]uint64{}
+	for info, err := range f.List(ctx, base) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Holders) != 1 {
+			t.Fatalf("List: %+v; want one holder", info)
+		}
+		got[info.Name] = info.Holders[0].Token
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("List = %v; want %v", got, want)
+	}
+}
+
+// List reads more names than one SCAN page holds, each once.
+func TestListPages(t *testing.T) {
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f := testFactory(t, rdb)
+	base := uniq(t, "")
+	want := map[string]uint64{}
+	for i := range lock.ListPageSize + 2 {
+		name := fmt.Sprintf("%s%04d", base, i)
+		h, err := f.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		want[name] = h.Token()
+	}
+	got := map[string]uint64{}
+	for info, err := range f.List(ctx, base) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[info.Name] = info.Holders[0].Token
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("List yielded %d names; want %d", len(got), len(want))
+	}
 }

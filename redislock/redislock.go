@@ -52,6 +52,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"os"
 	"reflect"
 	"sort"
@@ -202,7 +203,12 @@ func keysFor(prefix, name string) keys {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
-	base := prefix + "{" + backend.Escape(name) + "}:"
+	return keysOfEscaped(prefix, backend.Escape(name))
+}
+
+// keysOfEscaped is keysFor for a name known by its escaped form (List).
+func keysOfEscaped(prefix, esc string) keys {
+	base := prefix + "{" + esc + "}:"
 	return keys{
 		lock: base + "lock", token: base + "token", slots: base + "slots",
 		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
@@ -463,13 +469,17 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	}
 	k := keysFor(o.KeyPrefix, name)
 	res, err := inspectScript.Run(ctx, f.c, k.list()).Slice()
-	now := time.Now()
-	info := lock.Info{Name: name}
 	if err != nil {
-		return info, fmt.Errorf("redislock: inspect: %w", err)
+		return lock.Info{Name: name}, fmt.Errorf("redislock: inspect: %w", err)
 	}
+	return parseInspect(name, res, time.Now()), nil
+}
+
+// parseInspect reads the inspect script's reply.
+func parseInspect(name string, res []any, now time.Time) lock.Info {
+	info := lock.Info{Name: name}
 	if len(res) == 0 {
-		return info, nil
+		return info
 	}
 	lim, _ := toInt(res[0])
 	info.Limit = int(lim)
@@ -480,7 +490,7 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		if len(parts) == 4 {
 			info.Holders = append(info.Holders, holderInfo(parts[1], parts[2], parts[3], ms, now))
 		}
-		return info, nil
+		return info
 	}
 	for i := 1; i+2 < len(res); i += 3 {
 		v, _ := res[i+1].(string)
@@ -491,7 +501,150 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		}
 	}
 	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
-	return info, nil
+	return info
+}
+
+// List yields the held names under the factory's key prefix that start
+// with prefix, with their holders as Inspect reports them. It SCANs for
+// the names' lock keys (<key prefix>{<escaped name>}:lock, and :slots for
+// a semaphore), lock.ListPageSize at a time, on every master of a
+// cluster or shard of a ring, and reads each page's holders in one
+// pipeline. The order is SCAN's, not sorted, and SCAN may return a key
+// twice while Redis resizes its table, so a name may, rarely, be listed
+// twice. Names are recovered from their keys; a long name, whose key
+// holds a hash of it, is listed under its escaped form
+// (backend.ListedName), and only when prefix fits in that form's
+// readable part. Waiting is 0: it is not counted.
+func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
+	return func(yield func(lock.Info, error) bool) {
+		kp := f.cfg.Options.KeyPrefix
+		if kp == "" {
+			kp = DefaultKeyPrefix
+		}
+		if f.cfg.Err != nil {
+			yield(lock.Info{}, f.cfg.Err)
+			return
+		}
+		nodes, err := f.scanners(ctx)
+		if err != nil {
+			yield(lock.Info{}, err)
+			return
+		}
+		match := globQuote(kp+"{"+backend.EscapePrefix(prefix)) + "*"
+		for _, node := range nodes {
+			for cursor := uint64(0); ; {
+				page, next, err := node.Scan(ctx, cursor, match, lock.ListPageSize).Result()
+				if err != nil {
+					yield(lock.Info{}, fmt.Errorf("redislock: list: %w", err))
+					return
+				}
+				infos, err := f.listPage(ctx, kp, prefix, page)
+				if err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				for _, info := range infos {
+					if !yield(info, nil) {
+						return
+					}
+				}
+				if cursor = next; cursor == 0 {
+					break
+				}
+			}
+		}
+	}
+}
+
+// listPage inspects the names whose lock keys are among page.
+func (f *Factory) listPage(ctx context.Context, kp, prefix string, page []string) ([]lock.Info, error) {
+	type found struct {
+		name, esc string
+		sem       bool
+	}
+	var names []found
+	for _, key := range page {
+		rest, ok := strings.CutPrefix(key, kp+"{")
+		if !ok {
+			continue
+		}
+		esc, kind, ok := strings.Cut(rest, "}:")
+		if !ok || kind != "lock" && kind != "slots" {
+			continue
+		}
+		name, ok := backend.ListedName(esc, prefix)
+		if ok {
+			names = append(names, found{name, esc, kind == "slots"})
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	cmds := pipeScripts(ctx, f.c, len(names), func(i int) (*redis.Script, []string, []any) {
+		return inspectScript, keysOfEscaped(kp, names[i].esc).list(), nil
+	})
+	now := time.Now()
+	var infos []lock.Info
+	for i, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err != nil && err != redis.Nil {
+			return nil, fmt.Errorf("redislock: list: %w", err)
+		}
+		info := parseInspect(names[i].name, res, now)
+		// A name with both keys (a mutex over a semaphore's stale slots)
+		// is listed once, from the key the inspect script read.
+		if len(info.Holders) == 0 || names[i].sem == (info.Limit == 1) {
+			continue
+		}
+		infos = append(infos, info)
+	}
+	return infos, nil
+}
+
+// scanner is a client that can SCAN one server.
+type scanner interface {
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+}
+
+// scanners returns a client of every server that holds keys: each master
+// of a cluster, each shard of a ring, or the client itself.
+func (f *Factory) scanners(ctx context.Context) ([]scanner, error) {
+	var mu sync.Mutex
+	var nodes []scanner
+	collect := func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, c)
+		mu.Unlock()
+		return nil
+	}
+	var err error
+	switch c := f.c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, collect)
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, collect)
+	case scanner:
+		nodes = append(nodes, c)
+	default:
+		err = fmt.Errorf("%w: List needs a client that can SCAN, not %T", lock.ErrInvalidOption, f.c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redislock: list: %w", err)
+	}
+	return nodes, nil
+}
+
+// globQuote quotes s for a SCAN MATCH pattern.
+func globQuote(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 func holderInfo(tok, since, m string, msLeft int64, now time.Time) lock.HolderInfo {

@@ -45,6 +45,7 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 		Extend:      true,
 		TTL:         time.Second,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
+		Lister:      func(testing.TB) lock.Lister { return fs[1] },
 		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
 			c := redis.NewClient(&redis.Options{Addr: testenv.ClosedAddr(t)})
 			f := NewFactory(c, WithKeyPrefix(testPrefix), WithLogger(nil))

@@ -1,0 +1,95 @@
+package backend
+
+import (
+	"strings"
+
+	"github.com/ubgo/lock"
+)
+
+// minCut is the shortest visible part Escape keeps of a hashed name
+// (96 bytes, less a %XX escape it would split).
+const minCut = 94
+
+// EscapePrefix returns a string that begins Escape(name) for every valid
+// name that begins with prefix, for a store that can only filter keys by
+// their escaped form. It is the escaped prefix, cut to the part that a
+// hashed name keeps, so it may also begin names that do not start with
+// prefix: check the name itself as well.
+func EscapePrefix(prefix string) string {
+	s := escapeBytes(prefix)
+	return s[:min(len(s), minCut)]
+}
+
+// escapeBytes is Escape without the hashing of long results.
+func escapeBytes(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if safe(c) {
+			b.WriteByte(c)
+			continue
+		}
+		const hexd = "0123456789ABCDEF"
+		b.WriteByte('%')
+		b.WriteByte(hexd[c>>4])
+		b.WriteByte(hexd[c&15])
+	}
+	return b.String()
+}
+
+// Unescape returns the name esc was made from by Escape. ok is false when
+// esc is no result of Escape, or a hashed one (a long name), which cannot
+// be turned back: a backend that must list such names stores them.
+func Unescape(esc string) (name string, ok bool) {
+	if strings.IndexByte(esc, '~') >= 0 {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 0; i < len(esc); i++ {
+		c := esc[i]
+		if c != '%' {
+			if !safe(c) {
+				return "", false
+			}
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(esc) {
+			return "", false
+		}
+		hi, lo := unhex(esc[i+1]), unhex(esc[i+2])
+		if hi < 0 || lo < 0 || safe(byte(hi<<4|lo)) {
+			return "", false // Escape never encodes a safe byte
+		}
+		b.WriteByte(byte(hi<<4 | lo))
+		i += 2
+	}
+	name = b.String()
+	if lock.ValidateName(name) != nil || Escape(name) != esc {
+		return "", false
+	}
+	return name, true
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// ListedName is the name a Lister reports for the escaped form esc when
+// the store kept no name of its own: the name itself, or, for a hashed
+// long name, esc. match reports whether it belongs under prefix; a hashed
+// name matches when its visible part begins with the whole escaped prefix
+// (so one under a prefix longer than that part is not listed).
+func ListedName(esc, prefix string) (name string, match bool) {
+	if n, ok := Unescape(esc); ok {
+		return n, strings.HasPrefix(n, prefix)
+	}
+	visible, _, _ := strings.Cut(esc, "~")
+	return esc, strings.HasPrefix(visible, escapeBytes(prefix))
+}
