@@ -63,17 +63,43 @@ func checkHistogram(t *testing.T, reg prometheus.Gatherer, wantCount uint64, wan
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+type acquired struct {
+	h   *memlock.Holder
+	err error
+}
+
+// queue starts an Acquire of name that waits (WithWait) and returns once
+// it has queued behind the holder, so that it reports a wait.
+func queue(t *testing.T, ctx context.Context, f *memlock.Factory, name string) <-chan acquired {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+	n := f.Waiting(name)
+	ch := make(chan acquired, 1)
+	go func() {
+		h, err := f.Acquire(ctx, name, memlock.WithWait())
+		ch <- acquired{h, err}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); f.Waiting(name) == n; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 5s")
+			t.Fatal("Acquire did not queue within 5s")
 		}
+	}
+	return ch
+}
+
+// giveUp starts an Acquire of the held name that waits, and cancels it
+// once queued: its wait is reported with the outcome locked.
+func giveUp(t *testing.T, f *memlock.Factory, name string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := queue(t, ctx, f, name)
+	cancel()
+	if r := <-ch; !errors.Is(r.err, lock.ErrLocked) {
+		t.Fatalf("cancelled wait: %v, want ErrLocked", r.err)
 	}
 }
 
 // TestMetrics drives a memlock factory through acquire, contention,
-// extend, a wait granted by a release, a wait that runs out, and a forced
+// extend, a wait granted by a release, a wait given up, and a forced
 // loss followed by the loser's Release, and checks every metric.
 func TestMetrics(t *testing.T) {
 	_, reg, f, clock := setup(t)
@@ -91,27 +117,18 @@ func TestMetrics(t *testing.T) {
 	}
 	checkHeld(t, reg, "memlock", 1)
 
-	granted := make(chan *memlock.Holder, 1)
-	go func() {
-		h, err := f.Acquire(ctx, "job", memlock.WithWait())
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- h
-	}()
-	waitFor(t, func() bool { return f.Waiting("job") == 1 })
+	granted := queue(t, ctx, f, "job")
 	clock.Advance(2 * time.Second)
 	if err := h1.Release(); err != nil {
 		t.Fatal(err)
 	}
-	h2 := <-granted
-	if h2 == nil {
-		t.Fatal("waiter not granted")
+	r := <-granted
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
+	h2 := r.h
 	checkHeld(t, reg, "memlock", 1)
-	if _, err := f.Acquire(ctx, "job", memlock.WithWaitTimeout(time.Millisecond)); !errors.Is(err, lock.ErrLocked) {
-		t.Fatalf("Acquire with a wait timeout: %v, want ErrLocked", err)
-	}
+	giveUp(t, f, "job")
 
 	clock.Advance(3 * time.Second)
 	if n := f.ForceLoss("job"); n != 1 {
@@ -142,7 +159,7 @@ lock_operations_total{backend="memlock",op="release",outcome="ok"} 1
 	// Acquire and wait times are real time: only their counts are exact.
 	checkHistogram(t, reg, 2, -1, "lock_acquire_duration_seconds", "memlock", "ok")
 	checkHistogram(t, reg, 2, -1, "lock_acquire_duration_seconds", "memlock", "locked")
-	checkHistogram(t, reg, 2, -1, "lock_wait_duration_seconds", "memlock") // the granted wait and the one that ran out
+	checkHistogram(t, reg, 2, -1, "lock_wait_duration_seconds", "memlock") // the granted wait and the cancelled one
 	checkHistogram(t, reg, 1, 2, "lock_hold_duration_seconds", "memlock", "ok")
 	checkHistogram(t, reg, 1, 3, "lock_hold_duration_seconds", "memlock", "lost")
 
@@ -241,7 +258,7 @@ func TestNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Acquire(ctx, "job", memlock.WithWaitTimeout(time.Millisecond))
+	giveUp(t, f, "job")
 	h.Release()
 	f.Acquire(ctx, "job")
 	f.ForceLoss("job")
