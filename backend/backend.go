@@ -91,19 +91,7 @@ func Escape(name string) string {
 	if verbatim(name) {
 		return name // the common case, without an allocation
 	}
-	var b strings.Builder
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if safe(c) {
-			b.WriteByte(c)
-			continue
-		}
-		const hexd = "0123456789ABCDEF"
-		b.WriteByte('%')
-		b.WriteByte(hexd[c>>4])
-		b.WriteByte(hexd[c&15])
-	}
-	s := b.String()
+	s := escapeBytes(name)
 	if len(s) <= maxEscaped {
 		return s
 	}

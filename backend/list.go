@@ -1,6 +1,13 @@
 package backend
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"iter"
+	"os"
 	"strings"
 
 	"github.com/ubgo/lock"
@@ -92,4 +99,67 @@ func ListedName(esc, prefix string) (name string, match bool) {
 	}
 	visible, _, _ := strings.Cut(esc, "~")
 	return esc, strings.HasPrefix(visible, escapeBytes(prefix))
+}
+
+// ListDir is the List of a backend that keeps each name's state in files
+// of one directory (flock, filelock). It reads the directory (from dir,
+// called when the iteration starts) lock.ListPageSize entries at a time,
+// keeps the files that esc maps to an escaped name beginning with prefix's
+// escaped form, and yields what inspect reports of each name that is held
+// and begins with prefix; a name inspect cannot tell (unreadable records)
+// is listed as ListedName says. The order is the directory's. Errors read
+// "<who>: …".
+func ListDir(ctx context.Context, who, prefix string, dir func() (string, error), esc func(file string) (string, bool), inspect func(dir, esc string) (lock.Info, error)) iter.Seq2[lock.Info, error] {
+	return func(yield func(lock.Info, error) bool) {
+		path, err := dir()
+		if err != nil {
+			yield(lock.Info{}, err)
+			return
+		}
+		d, err := os.Open(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return // nothing was ever held here
+		}
+		if err != nil {
+			yield(lock.Info{}, fmt.Errorf("%s: %w", who, err))
+			return
+		}
+		defer d.Close()
+		ep := EscapePrefix(prefix)
+		for {
+			entries, rerr := d.ReadDir(lock.ListPageSize)
+			for _, e := range entries {
+				name, ok := esc(e.Name())
+				if !ok || !strings.HasPrefix(name, ep) {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				info, err := inspect(path, name)
+				if err != nil {
+					yield(lock.Info{}, err)
+					return
+				}
+				match := strings.HasPrefix(info.Name, prefix)
+				if info.Name == "" {
+					info.Name, match = ListedName(name, prefix)
+				}
+				if len(info.Holders) == 0 || !match {
+					continue
+				}
+				if !yield(info, nil) {
+					return
+				}
+			}
+			if rerr == io.EOF {
+				return
+			}
+			if rerr != nil {
+				yield(lock.Info{}, fmt.Errorf("%s: %w", who, rerr))
+				return
+			}
+		}
+	}
 }

@@ -52,8 +52,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"iter"
 	"log/slog"
 	"maps"
@@ -61,7 +59,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -452,62 +449,19 @@ func (f *Factory) inspectEsc(dir, esc, name string) (lock.Info, error) {
 // was ever taken has) and reported with the name its markers record.
 // Waiting is 0: waiters are not recorded.
 func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
-	return func(yield func(lock.Info, error) bool) {
+	dir := func() (string, error) {
 		if f.cfg.Err != nil {
-			yield(lock.Info{}, f.cfg.Err)
-			return
+			return "", f.cfg.Err
 		}
-		dir, err := f.dir(&f.cfg.Options)
-		if err != nil {
-			yield(lock.Info{}, err)
-			return
-		}
-		d, err := os.Open(dir)
-		if errors.Is(err, fs.ErrNotExist) {
-			return // nothing was ever held here
-		}
-		if err != nil {
-			yield(lock.Info{}, fmt.Errorf("filelock: %w", err))
-			return
-		}
-		defer d.Close()
-		ep := backend.EscapePrefix(prefix)
-		for {
-			entries, rerr := d.ReadDir(lock.ListPageSize)
-			for _, e := range entries {
-				esc, kind := classify(e.Name())
-				if kind != kindCounter || !strings.HasPrefix(esc, ep) {
-					continue
-				}
-				if err := ctx.Err(); err != nil {
-					yield(lock.Info{}, err)
-					return
-				}
-				info, err := f.inspectEsc(dir, esc, "")
-				if err != nil {
-					yield(lock.Info{}, err)
-					return
-				}
-				match := strings.HasPrefix(info.Name, prefix)
-				if info.Name == "" { // only unreadable markers
-					info.Name, match = backend.ListedName(esc, prefix)
-				}
-				if len(info.Holders) == 0 || !match {
-					continue
-				}
-				if !yield(info, nil) {
-					return
-				}
-			}
-			if rerr == io.EOF {
-				return
-			}
-			if rerr != nil {
-				yield(lock.Info{}, fmt.Errorf("filelock: %w", rerr))
-				return
-			}
-		}
+		return f.dir(&f.cfg.Options)
 	}
+	counter := func(file string) (string, bool) {
+		esc, kind := classify(file)
+		return esc, kind == kindCounter
+	}
+	return backend.ListDir(ctx, backendName, prefix, dir, counter, func(dir, esc string) (lock.Info, error) {
+		return f.inspectEsc(dir, esc, "")
+	})
 }
 
 // namePaths lists the marker files that exist for esc.

@@ -42,7 +42,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"iter"
 	"os"
@@ -720,63 +719,20 @@ func inspectFile(ctx context.Context, dir, esc, name string) (lock.Info, error) 
 // those is listed under its escaped file name (backend.ListedName).
 // Waiting is 0: waiters are not recorded.
 func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
-	return func(yield func(lock.Info, error) bool) {
+	dir := func() (string, error) {
 		if f.cfg.Err != nil {
-			yield(lock.Info{}, f.cfg.Err)
-			return
+			return "", f.cfg.Err
 		}
-		dir, err := f.dirOf(&f.cfg.Options)
-		if err != nil {
-			yield(lock.Info{}, err)
-			return
-		}
-		d, err := os.Open(dir)
-		if errors.Is(err, fs.ErrNotExist) {
-			return // nothing was ever held here
-		}
-		if err != nil {
-			yield(lock.Info{}, fmt.Errorf("flock: %w", err))
-			return
-		}
-		defer d.Close()
-		ep := backend.EscapePrefix(prefix)
-		for {
-			entries, rerr := d.ReadDir(lock.ListPageSize)
-			for _, e := range entries {
-				// A name file is <esc>.lock; esc has no '.', slot files do.
-				esc, ok := strings.CutSuffix(e.Name(), ".lock")
-				if !ok || esc == "" || strings.Contains(esc, ".") || !strings.HasPrefix(esc, ep) {
-					continue
-				}
-				if err := ctx.Err(); err != nil {
-					yield(lock.Info{}, err)
-					return
-				}
-				info, err := inspectFile(ctx, dir, esc, "")
-				if err != nil {
-					yield(lock.Info{}, err)
-					return
-				}
-				match := strings.HasPrefix(info.Name, prefix)
-				if info.Name == "" {
-					info.Name, match = backend.ListedName(esc, prefix)
-				}
-				if len(info.Holders) == 0 || !match {
-					continue
-				}
-				if !yield(info, nil) {
-					return
-				}
-			}
-			if rerr == io.EOF {
-				return
-			}
-			if rerr != nil {
-				yield(lock.Info{}, fmt.Errorf("flock: %w", rerr))
-				return
-			}
-		}
+		return f.dirOf(&f.cfg.Options)
 	}
+	// A name file is <esc>.lock; esc has no '.', slot files do.
+	nameFile := func(file string) (string, bool) {
+		esc, ok := strings.CutSuffix(file, ".lock")
+		return esc, ok && esc != "" && !strings.Contains(esc, ".")
+	}
+	return backend.ListDir(ctx, backendName, prefix, dir, nameFile, func(dir, esc string) (lock.Info, error) {
+		return inspectFile(ctx, dir, esc, "")
+	})
 }
 
 // inspect looks once; again means it met a passing state (a sweep, a
