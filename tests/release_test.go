@@ -29,6 +29,8 @@ func TestRelease(t *testing.T) {
 	wantTags := []string{
 		version,
 		"contrib/gocronlock/" + version,
+		"contrib/otellock/" + version,
+		"contrib/promlock/" + version,
 		"etcdlock/" + version,
 		"filelock/" + version,
 		"flock/" + version,
@@ -190,7 +192,8 @@ func TestRelease(t *testing.T) {
 	}
 }
 
-// appMain uses a Factory of each backend and the gocron adapter over one.
+// appMain uses a Factory of each backend, the gocron adapter over one,
+// and the two metrics observers.
 const appMain = `package main
 
 import (
@@ -205,6 +208,8 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/contrib/gocronlock"
+	"github.com/ubgo/lock/contrib/otellock"
+	"github.com/ubgo/lock/contrib/promlock"
 	"github.com/ubgo/lock/etcdlock"
 	"github.com/ubgo/lock/filelock"
 	"github.com/ubgo/lock/flock"
@@ -215,11 +220,11 @@ import (
 
 func main() {
 	ctx := context.Background()
-	mem := memlock.NewFactory()
+	mem := memlock.NewFactory(memlock.WithObserver(otellock.New()))
 	defer mem.Close()
 	lockers := []lock.Locker{
 		mem.AsLocker(),
-		flock.NewFactory(flock.WithDir(os.TempDir())).AsLocker(),
+		flock.NewFactory(flock.WithDir(os.TempDir()), flock.WithObserver(promlock.New())).AsLocker(),
 		filelock.NewFactory(filelock.WithDir(os.TempDir())).AsLocker(),
 		redislock.NewFactory(redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})).AsLocker(),
 	}
