@@ -117,9 +117,12 @@ func TestShort(t *testing.T) {
 
 // TestServerWork checks that Postgres's statement count of a contended
 // window is complete: the blocking advisory lock floor runs exactly two
-// statements per acquisition (lock and unlock), so anything less means
-// counts of the window were missed. Other clients of the database can
-// only add to it. A crowd of 3 waiters runs the crowd cases' path.
+// statements per acquisition (lock and unlock); counts of the window that
+// were missed read near 0 (as they did before the passes waited for their
+// backends to leave). Other clients of the database (the tests of other
+// packages, run in parallel) add commits to either pass, so the figure is
+// 2 give or take their share: the check wants at least 1.5. A crowd of 3
+// waiters runs the crowd cases' path.
 func TestServerWork(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -140,8 +143,8 @@ func TestServerWork(t *testing.T) {
 	work := r.ServerWork()
 	t.Logf("server work per acquisition: %v", work)
 	for _, k := range []string{"contended/idle/postgres/pg_advisory_lock (blocking)", "contended-3/idle/postgres/pg_advisory_lock (blocking)"} {
-		if got, ok := work[k]; !ok || got < 2 {
-			t.Errorf("%s: %.2f statements per acquisition (counted: %v), want at least 2", k, got, ok)
+		if got, ok := work[k]; !ok || got < 1.5 {
+			t.Errorf("%s: %.2f statements per acquisition (counted: %v), want about 2", k, got, ok)
 		}
 	}
 	if r.Down[bench.Redis] == nil {
