@@ -34,14 +34,9 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	info := lock.Info{Name: name}
 	prefix := f.cfg.Options.KeyPrefix
 	k := keysOf(prefix, name)
-	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
-	pc, err := f.pool.Acquire(actx)
-	cancel()
+	pc, err := f.poolConn(ctx, "inspect")
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return info, fmt.Errorf("%w within %v: %w", ErrPoolExhausted, f.set.connectTimeout, err)
-		}
-		return info, fmt.Errorf("pglock: inspect: %w", err)
+		return info, err
 	}
 	defer pc.Release()
 
@@ -166,14 +161,9 @@ func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, 
 
 // listPage returns the next names with holder rows after after.
 func (f *Factory) listPage(ctx context.Context, ns, prefix, after string) ([]string, error) {
-	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
-	pc, err := f.pool.Acquire(actx)
-	cancel()
+	pc, err := f.poolConn(ctx, "list")
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("%w within %v: %w", ErrPoolExhausted, f.set.connectTimeout, err)
-		}
-		return nil, fmt.Errorf("pglock: list: %w", err)
+		return nil, err
 	}
 	defer pc.Release()
 	rows, err := pc.Query(ctx, f.st.list, ns, prefix, after, lock.ListPageSize)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
@@ -154,24 +155,33 @@ func (f *Factory) setup(ctx context.Context, c *pgx.Conn) error {
 	return nil
 }
 
-// hijack takes a connection out of the pool for good, waiting at most the
-// connect timeout (and never past ctx) so that an exhausted pool is an
-// error, not a hang.
+// hijack takes a connection out of the pool for good (see poolConn).
 func (f *Factory) hijack(ctx context.Context) (*pgx.Conn, error) {
+	pc, err := f.poolConn(ctx, "opening a lock session")
+	if err != nil {
+		return nil, err
+	}
+	return pc.Hijack(), nil
+}
+
+// poolConn takes a connection from the pool for what, waiting at most the
+// connect timeout (and never past ctx) so that an exhausted pool is
+// ErrPoolExhausted, not a hang.
+func (f *Factory) poolConn(ctx context.Context, what string) (*pgxpool.Conn, error) {
 	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
 	defer cancel()
 	pc, err := f.pool.Acquire(actx)
-	if err != nil {
-		st := f.pool.Stat()
-		switch {
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("pglock: waiting for a pool connection (%d of %d in use): %w", st.AcquiredConns(), st.MaxConns(), ctx.Err())
-		case actx.Err() != nil:
-			return nil, fmt.Errorf("%w within %v (%d of %d in use): %w", ErrPoolExhausted, f.set.connectTimeout, st.AcquiredConns(), st.MaxConns(), err)
-		}
-		return nil, fmt.Errorf("pglock: opening a lock session: %w", err)
+	if err == nil {
+		return pc, nil
 	}
-	return pc.Hijack(), nil
+	st := f.pool.Stat()
+	switch {
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("pglock: %s: waiting for a pool connection (%d of %d in use): %w", what, st.AcquiredConns(), st.MaxConns(), ctx.Err())
+	case actx.Err() != nil:
+		return nil, fmt.Errorf("%w within %v (%d of %d in use): %w", ErrPoolExhausted, f.set.connectTimeout, st.AcquiredConns(), st.MaxConns(), err)
+	}
+	return nil, fmt.Errorf("pglock: %s: %w", what, err)
 }
 
 // closeConn ends a connection at once. pgx closes a connection that failed
