@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -619,32 +618,5 @@ func TestCloseRemovesMarkers(t *testing.T) {
 			t.Fatalf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base)
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// TestListLongName: a long name's files are named by a hash, and List
-// still reports the name itself, from its markers, for a mutex and for a
-// semaphore.
-func TestListLongName(t *testing.T) {
-	f := newFactory(t, filelock.WithDir(t.TempDir()))
-	long := "list/" + strings.Repeat("é", 200)
-	want := []string{long + "1", long + "2"}
-	for i, name := range want {
-		h, err := f.Acquire(context.Background(), name, lock.WithMaxConcurrent(i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Release()
-	}
-	var got []string
-	for info, err := range f.List(context.Background(), "list/") {
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, info.Name)
-	}
-	slices.Sort(got)
-	if !slices.Equal(got, want) {
-		t.Fatalf("List = %.40q; want %.40q", got, want)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -536,33 +535,5 @@ func TestNoDescriptorLeaks(t *testing.T) {
 	<-h.Done()
 	if n := settle(base); n > base {
 		t.Fatalf("%d descriptors open, %d before", n, base)
-	}
-}
-
-// TestListLongName: a long name's files are named by a hash, and List
-// still reports the name itself, from the record's name line, for a mutex
-// and for a semaphore's name file.
-func TestListLongName(t *testing.T) {
-	f := flock.NewFactory(flock.WithDir(t.TempDir()), flock.WithLogger(nil))
-	defer f.Close()
-	long := "list/" + strings.Repeat("é", 200)
-	want := []string{long + "1", long + "2"}
-	for i, name := range want {
-		h, err := f.Acquire(context.Background(), name, lock.WithMaxConcurrent(i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Release()
-	}
-	var got []string
-	for info, err := range f.List(context.Background(), "list/") {
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, info.Name)
-	}
-	slices.Sort(got)
-	if !slices.Equal(got, want) {
-		t.Fatalf("List = %.40q; want %.40q", got, want)
 	}
 }
