@@ -120,10 +120,11 @@ func (e *env) contenderClients(ctx context.Context, n int) *contClients {
 			}
 		}
 		if e.available(Postgres) {
-			// Each pglock factory takes up to two lock sessions and a
-			// listener out of the pool, and the blocking advisory lock
-			// floor holds one connection per contender.
-			p, err := dialPostgresApp(ctx, e.pgConns(ctx, 4*n+4), benchApp)
+			// The blocking advisory lock floor holds one connection
+			// per contender, and the one-factory case's sessions come
+			// from here too (the factory-each case dials pools of its
+			// own).
+			p, err := dialPostgresApp(ctx, e.pgConns(ctx, n+8), benchApp)
 			if err != nil {
 				cc.errs[Postgres] = err
 			} else {
@@ -219,13 +220,24 @@ func contendedCases(ctx context.Context, e *env, limit, n int) []*contCase {
 			add(c)
 		}
 		pgCase(&contCase{id: idPglock, service: Postgres, rtt: idSelect1, label: "pglock, a factory each", kind: oursKind, err: cc.errs[Postgres]},
-			func(ctx context.Context, pool *pgxpool.Pool, app string, defer_ func(func())) ([]contender, error) {
-				return contenders(n, func(int) contender {
+			func(ctx context.Context, _ *pgxpool.Pool, app string, defer_ func(func())) ([]contender, error) {
+				// A pool each, as separate processes have: pgx's
+				// default size, which a factory's lock session, wait
+				// session and listener fit in.
+				var first error
+				cs := contenders(n, func(int) contender {
+					pool, err := dialPostgresApp(ctx, 0, app)
+					if err != nil {
+						first = cmpOr(first, err)
+						return contender{}
+					}
+					defer_(pool.Close)
 					f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithWait(), pglock.WithMaxConcurrent(limit),
 						pglock.WithKeyPrefix(e.prefix), pglock.WithApplicationName(app))
 					defer_(func() { f.Close() })
 					return holding(func(ctx context.Context) (*pglock.Holder, error) { return f.Acquire(ctx, name) })
-				}), nil
+				})
+				return cs, first
 			})
 		if limit == 1 {
 			pgCase(&contCase{id: idPglock + ", one factory", service: Postgres, rtt: idSelect1, label: "pglock, one factory for all", kind: oursKind, err: cc.errs[Postgres]},

@@ -177,7 +177,7 @@ func pgCounts(ctx context.Context, e *env, cases []*contCase, d time.Duration, l
 		return
 	}
 	logf("postgres statements: %d cases, two passes each", len(pg))
-	conns := e.pgConns(ctx, 4*most+4)
+	conns := e.pgConns(ctx, most+8)
 	// The contended rounds' connections publish their counts as they
 	// leave: wait for them first.
 	if _, err := pgRead(ctx, benchApp); err != nil {

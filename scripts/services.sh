@@ -43,10 +43,12 @@ ETCD_PEER_PORT=22380
 # pglock's scale test holds 10,000 advisory locks at once while other
 # packages' tests hold theirs; the shared lock table has room for about
 # max_locks_per_transaction × max_connections (64 × 100 by default).
+# make bench's 64 waiting processes each open a pool of their own (a lock
+# session, a wait session, a listener) beside the floor's 64 connections.
 PG_SETTINGS=(
 	"listen_addresses=127.0.0.1"
 	"port=$PG_PORT"
-	"max_connections=200"
+	"max_connections=500"
 	"max_locks_per_transaction=256"
 )
 
