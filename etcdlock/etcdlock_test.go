@@ -26,8 +26,14 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	cli := client(t)
-	operator := client(t)
+	// The shared server runs with etcd's default election timeout, whose
+	// minimum lease is 2s.
+	conformance(t, client(t), client(t), 2*time.Second)
+}
+
+// conformance runs the locktest suite on the etcd that cli and operator
+// reach, with leases of ttl.
+func conformance(t *testing.T, cli, operator *clientv3.Client, ttl time.Duration) {
 	prefix := testPrefix(t)
 	inspector := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
 	locktest.Run(t, locktest.Backend{
@@ -39,11 +45,9 @@ func TestConformance(t *testing.T) {
 		Wait:        true,
 		Semaphore:   true,
 		Extend:      true,
-		// The shared server runs with etcd's default election timeout, whose
-		// minimum lease is 2s.
-		TTL:       2 * time.Second,
-		Inspector: func(t testing.TB) lock.Inspector { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
-		Lister:    func(t testing.TB) lock.Lister { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		TTL:         ttl,
+		Inspector:   func(t testing.TB) lock.Inspector { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		Lister:      func(t testing.TB) lock.Lister { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
 		// The keys hold no name: a hashed one is listed escaped.
 		ListEscapesLongNames: true,
 		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {

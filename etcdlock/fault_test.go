@@ -27,16 +27,19 @@ import (
 	"github.com/ubgo/lock/internal/testenv"
 )
 
-// etcdServer is a private single-member etcd started from the system binary
+// etcdServer is a member of a private etcd cluster (of one member, from
+// startEtcd, or more, from startEtcdCluster) started from the system binary
 // on free loopback ports, with its data in a test directory. Its election
 // timeout is short (500ms), which makes its minimum lease 1s.
 type etcdServer struct {
-	t      testing.TB
-	bin    string
-	dir    string
-	client string
-	peer   string
-	cmd    *exec.Cmd
+	t       testing.TB
+	bin     string
+	dir     string
+	name    string
+	client  string
+	peer    string
+	cluster string // --initial-cluster
+	cmd     *exec.Cmd
 }
 
 func freePort(t testing.TB) int {
@@ -48,24 +51,46 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func startEtcd(t testing.TB) *etcdServer {
+func startEtcd(t testing.TB) *etcdServer { return startEtcdCluster(t, 1)[0] }
+
+// startEtcdCluster starts a private cluster of n members and waits until
+// each answers.
+func startEtcdCluster(t testing.TB, n int) []*etcdServer {
 	t.Helper()
 	out, err := exec.Command("bash", "../scripts/services.sh", "etcd-bin").Output()
 	bin := strings.TrimSpace(string(out))
 	if err != nil || bin == "" {
 		testenv.Unavailable(t, "etcd binary", fmt.Errorf("scripts/services.sh etcd-bin: %v", err))
 	}
-	s := &etcdServer{
-		t: t, bin: bin, dir: t.TempDir(),
-		client: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
-		peer:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+	ms := make([]*etcdServer, n)
+	var cluster []string
+	for i := range ms {
+		ms[i] = &etcdServer{
+			t: t, bin: bin, dir: t.TempDir(), name: fmt.Sprintf("private%d", i),
+			client: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+			peer:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		}
+		cluster = append(cluster, ms[i].name+"="+ms[i].peer)
 	}
-	t.Cleanup(s.kill)
-	s.start()
-	return s
+	for _, s := range ms {
+		s.cluster = strings.Join(cluster, ",")
+		t.Cleanup(s.kill)
+		s.launch()
+	}
+	for _, s := range ms {
+		s.ready()
+	}
+	return ms
 }
 
+// start starts a killed member again, from its data.
 func (s *etcdServer) start() {
+	s.t.Helper()
+	s.launch()
+	s.ready()
+}
+
+func (s *etcdServer) launch() {
 	s.t.Helper()
 	log, err := os.OpenFile(filepath.Join(s.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -73,11 +98,11 @@ func (s *etcdServer) start() {
 	}
 	defer log.Close()
 	cmd := exec.Command(s.bin,
-		"--name", "private",
+		"--name", s.name,
 		"--data-dir", filepath.Join(s.dir, "data"),
 		"--listen-client-urls", s.client, "--advertise-client-urls", s.client,
 		"--listen-peer-urls", s.peer, "--initial-advertise-peer-urls", s.peer,
-		"--initial-cluster", "private="+s.peer,
+		"--initial-cluster", s.cluster,
 		"--heartbeat-interval", "50", "--election-timeout", "500",
 	)
 	for _, kv := range os.Environ() {
@@ -90,6 +115,12 @@ func (s *etcdServer) start() {
 		s.t.Fatal(err)
 	}
 	s.cmd = cmd
+}
+
+// ready waits until the member answers a read: a member of a larger
+// cluster does so only once a quorum of them runs.
+func (s *etcdServer) ready() {
+	s.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		cli, err := dial(s.t, s.endpoints())
