@@ -1,0 +1,185 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
+)
+
+// A Sentinel deployment: a primary, a replica and three sentinels, each a
+// private redis-server on a free port; applications reach the primary
+// through go-redis's failover client.
+
+const sentinelMaster = "ubgo-lock"
+
+// startSentinel runs a sentinel (redis-server in sentinel mode) watching
+// the primary on port primary, with a quorum of two.
+func startSentinel(t *testing.T, primary int) string {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		testenv.Unavailable(t, "redis-server binary", err)
+	}
+	port := freePort(t)
+	conf := filepath.Join(t.TempDir(), "sentinel.conf")
+	body := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d 2\nsentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s 10000\n", sentinelMaster, primary)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("redis-server", conf, "--sentinel", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--logfile", "")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start a sentinel: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGKILL); cmd.Wait() })
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
+// sentinelSetup starts the deployment and returns the sentinels' addresses
+// and the primary and replica, once every sentinel knows the replica and
+// the other sentinels.
+func sentinelSetup(t *testing.T) (sentinels []string, primary, replica *server) {
+	t.Helper()
+	primary = startServer(t)
+	replica = startServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.port))
+	rep := dial(t, replica.addr())
+	waitFor(t, 30*time.Second, "the replica in sync", func() bool {
+		info, _ := rep.Info(context.Background(), "replication").Result()
+		return strings.Contains(info, "master_link_status:up")
+	})
+	for range 3 {
+		sentinels = append(sentinels, startSentinel(t, primary.port))
+	}
+	for _, addr := range sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { sc.Close() })
+		waitFor(t, 30*time.Second, "the sentinels know each other and the replica", func() bool {
+			m, err := sc.Master(context.Background(), sentinelMaster).Result()
+			if err != nil || m["num-other-sentinels"] != "2" || m["num-slaves"] != "1" {
+				return false
+			}
+			return true
+		})
+	}
+	return sentinels, primary, replica
+}
+
+func failoverClient(t *testing.T, sentinels []string) *redis.Client {
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: sentinels})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// primaryPort asks a sentinel which port the primary is on.
+func primaryPort(t *testing.T, sentinel string) int {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel})
+	defer sc.Close()
+	addr, err := sc.GetMasterAddrByName(context.Background(), sentinelMaster).Result()
+	if err != nil || len(addr) != 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(addr[1])
+	return p
+}
+
+func TestSentinelConformance(t *testing.T) {
+	sentinels, _, _ := sentinelSetup(t)
+	runConformance(t, failoverClient(t, sentinels), failoverClient(t, sentinels))
+}
+
+// Failovers under a held lock whose keys reached the replica: the one
+// sentinels are asked for (SENTINEL FAILOVER), then the new primary
+// killed. Each time the holder either keeps its lock, renewed on the new
+// primary, and nobody else gets it, or reports the loss; new acquires go
+// to the new primary, with larger tokens.
+func TestSentinelFailover(t *testing.T) {
+	sentinels, primary, replica := sentinelSetup(t)
+	ctx := ctxT(t)
+	const ttl = 2 * time.Second
+	f := NewFactory(failoverClient(t, sentinels), WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+	defer f.Close()
+	g := NewFactory(failoverClient(t, sentinels), WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+	defer g.Close()
+	name := uniq(t, "failover")
+	h, err := f.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := h.Token()
+	// The holder's keys are on the replica before each failover: this
+	// test is about a lock that survives one; the asynchronous window is
+	// the guide's.
+	replicated := func(s *server) {
+		t.Helper()
+		rdb := dial(t, s.addr())
+		waitFor(t, 30*time.Second, "the lock on the replica", func() bool {
+			return rdb.Exists(context.Background(), h.k.lock).Val() == 1
+		})
+	}
+	replicated(replica)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0]})
+	defer sc.Close()
+	if err := sc.Failover(ctx, sentinelMaster).Err(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER: %v", err)
+	}
+	waitFor(t, 60*time.Second, "the replica promoted", func() bool { return primaryPort(t, sentinels[0]) == replica.port })
+	check := func(when string) {
+		t.Helper()
+		// Several TTLs: a lock not renewed on the new primary would be
+		// lost or taken by now.
+		deadline := time.Now().Add(3 * ttl)
+		for time.Now().Before(deadline) {
+			if isClosed(h.Done()) {
+				if !errors.Is(h.Err(), lock.ErrLockLost) {
+					t.Fatalf("%s: lost with %v; want ErrLockLost", when, h.Err())
+				}
+				t.Logf("%s: the holder reported the loss: %v", when, h.Err())
+				return
+			}
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			o, err := g.Acquire(actx, name)
+			cancel()
+			switch {
+			case err == nil:
+				if !isClosed(h.Done()) {
+					o.Release()
+					t.Fatalf("%s: a second holder (token %d) beside the first (token %d), which has not reported a loss", when, o.Token(), h.Token())
+				}
+				o.Release()
+			case !errors.Is(err, ErrLocked):
+				t.Logf("%s: Acquire during the failover: %v", when, err)
+			}
+			time.Sleep(ttl / 4)
+		}
+		t.Logf("%s: the holder kept its lock", when)
+	}
+	check("after SENTINEL FAILOVER")
+
+	if !isClosed(h.Done()) {
+		replicated(primary) // the old primary is the replica now
+	}
+	replica.kill()
+	waitFor(t, 60*time.Second, "the old primary promoted again", func() bool { return primaryPort(t, sentinels[0]) == primary.port })
+	check("after the new primary was killed")
+
+	h.Release()
+	h2, err := g.Acquire(ctx, name, WithWait())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2.Token() <= last {
+		t.Fatalf("token %d after %d", h2.Token(), last)
+	}
+	h2.Release()
+}
