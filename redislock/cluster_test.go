@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"errors"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ubgo/lock"
 )
 
 // startCluster runs a one-node Redis Cluster that owns every slot: enough to
@@ -192,5 +195,48 @@ func TestClusterDeadMasterLosesOnlyItsLocks(t *testing.T) {
 		if err := h.Release(); err != nil {
 			t.Fatalf("release of %s: %v", h.Name(), err)
 		}
+	}
+}
+
+// Names and key prefixes with the characters of a hash tag: every key of
+// a name stays in one slot (no CROSSSLOT), and two names never share keys.
+func TestClusterHashTagNames(t *testing.T) {
+	nodes := startCluster3(t)
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr())
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cc.Close()
+	ctx := ctxT(t)
+	names := []string{"{", "}", "{}", "}{", "a{b}c", "a{b}d", "{a}", "a", "{{a}}"}
+	if err := NewFactory(cc, WithKeyPrefix(testPrefix+"{}")).Err(); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Errorf("a prefix with an empty hash tag: Err() = %v; want ErrInvalidOption", err)
+	}
+	for _, prefix := range []string{testPrefix, testPrefix + "{x}", testPrefix + "}{", testPrefix + "{", testPrefix + "}"} {
+		f := NewFactory(cc, WithKeyPrefix(prefix), WithLogger(nil))
+		for _, limit := range []int{1, 2} {
+			var hs []*Holder
+			for _, name := range names {
+				h, err := f.Acquire(ctx, name, WithMaxConcurrent(limit))
+				if err != nil {
+					t.Fatalf("prefix %q, limit %d: Acquire(%q): %v (two names sharing keys, or keys of one name in two slots)", prefix, limit, name, err)
+				}
+				hs = append(hs, h)
+			}
+			for _, h := range hs {
+				if err := h.Extend(ctx); err != nil {
+					t.Fatalf("prefix %q: Extend(%q): %v", prefix, h.Name(), err)
+				}
+				info, err := f.Inspect(ctx, h.Name())
+				if err != nil || len(info.Holders) != 1 || info.Holders[0].Token != h.Token() {
+					t.Fatalf("prefix %q: Inspect(%q) = %+v, %v; want its one holder", prefix, h.Name(), info, err)
+				}
+				if err := h.Release(); err != nil {
+					t.Fatalf("prefix %q: Release(%q): %v", prefix, h.Name(), err)
+				}
+			}
+		}
+		f.Close()
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -50,6 +49,7 @@ func uniq(t testing.TB, suffix string) string {
 type server struct {
 	t     testing.TB
 	port  int
+	dir   string // its working directory: a replica writes the primary's data there
 	cmd   *exec.Cmd
 	extra []string
 }
@@ -84,7 +84,7 @@ func startServerOn(t testing.TB, port int, extra ...string) *server {
 		t.Fatalf("port %d for a private redis-server: %v", port, err)
 	}
 	l.Close()
-	s := &server{t: t, port: port, extra: extra}
+	s := &server{t: t, port: port, dir: t.TempDir(), extra: extra}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -95,7 +95,7 @@ func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 func (s *server) start() {
 	s.t.Helper()
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", os.TempDir(), "--logfile", ""}, s.extra...)
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--logfile", ""}, s.extra...)
 	s.cmd = exec.Command("redis-server", args...)
 	s.cmd.Stdout, s.cmd.Stderr = nil, nil
 	if err := s.cmd.Start(); err != nil {

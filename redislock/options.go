@@ -50,7 +50,9 @@ func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 // WithKeyPrefix puts every key and channel under prefix, used verbatim
 // (default DefaultKeyPrefix, "lock:"; an empty prefix means the default).
 // A name's keys are <prefix>{<escaped name>}:lock, :token, :slots,
-// :permits, and its channel <prefix>{<escaped name>}:released.
+// :permits, and its channel <prefix>{<escaped name>}:released. A prefix
+// with a hash tag of its own ("{app}:") puts every lock in that tag's
+// cluster slot; one whose first '{' is followed by '}' is refused.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
 // WithAutoRenew(false) turns off the renewal of leases in the background

@@ -238,7 +238,22 @@ func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
 	return f.cfg.Resolve(name, opts, checkOptions)
 }
 
-func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
+func checkOptions(o *lock.Options) error {
+	if err := checkTTL(o.TTL); err != nil {
+		return err
+	}
+	return checkPrefix(o.KeyPrefix)
+}
+
+// checkPrefix refuses a prefix whose first '{' is followed at once by '}':
+// Redis Cluster hashes such a key whole, not by the name's tag after it,
+// so the keys of one name would fall in different slots (CROSSSLOT).
+func checkPrefix(prefix string) error {
+	if i := strings.IndexByte(prefix, '{'); i >= 0 && strings.HasPrefix(prefix[i:], "{}") {
+		return fmt.Errorf("%w: WithKeyPrefix(%q): an empty hash tag {} first in the key would spread a name's keys over cluster slots", lock.ErrInvalidOption, prefix)
+	}
+	return nil
+}
 
 // leaseOf turns resolved options into the lease of one acquisition.
 func (f *Factory) leaseOf(o *lock.Options) lease {

@@ -38,7 +38,7 @@ func startSentinel(t *testing.T, primary int) string {
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("redis-server", conf, "--sentinel", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--logfile", "")
+	cmd := exec.Command("redis-server", conf, "--sentinel", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--logfile", "", "--dir", t.TempDir())
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start a sentinel: %v", err)
 	}
