@@ -1,10 +1,12 @@
 package redislock
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,9 +39,33 @@ func startCluster(t *testing.T) (*redis.ClusterClient, string) {
 	return cc, srv.addr()
 }
 
+// clusterClient connects to every node of a cluster, like an application
+// configured with the cluster's addresses; onNode, if not nil, is given
+// the client of each node go-redis opens.
+func clusterClient(t *testing.T, nodes []*server, onNode func(*redis.Client)) *redis.ClusterClient {
+	t.Helper()
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr())
+	}
+	opt := &redis.ClusterOptions{Addrs: addrs}
+	if onNode != nil {
+		opt.NewClient = func(o *redis.Options) *redis.Client {
+			c := redis.NewClient(o)
+			onNode(c)
+			return c
+		}
+	}
+	cc := redis.NewClusterClient(opt)
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// The suite on three masters with a replica each, through cluster clients.
 func TestClusterConformance(t *testing.T) {
-	cc, _ := startCluster(t)
-	runConformance(t, cc, cc)
+	masters, replicas := startClusterOf(t, true)
+	nodes := append(masters, replicas...)
+	runConformance(t, clusterClient(t, nodes, nil), clusterClient(t, nodes, nil))
 }
 
 // Renewal of mutexes and semaphore permits one script each (the path for
@@ -90,12 +116,25 @@ func testRenewal(t *testing.T, c Client) *Factory {
 // free ports, the slots split evenly. The masters keep
 // serving their slots while another is down.
 func startCluster3(t *testing.T) []*server {
+	masters, _ := startClusterOf(t, false)
+	return masters
+}
+
+// startClusterOf runs three masters, the slots split evenly, and with
+// replicas one replica of each (replicas[i] of masters[i]), on free
+// ports. A node is considered failed after 2s without an answer; the
+// masters keep serving their slots while another is down.
+func startClusterOf(t *testing.T, replicas bool) (masters, reps []*server) {
 	t.Helper()
 	dir := t.TempDir()
 	var nodes []*server
 	var admins []*redis.Client
 	var buses []int
-	for range 3 {
+	n := 3
+	if replicas {
+		n = 6
+	}
+	for range n {
 		// Free ports for clients and for the cluster bus (by default the
 		// client port + 10000, which may be taken or out of range), so
 		// that two runs of the tests at once do not collide.
@@ -104,15 +143,17 @@ func startCluster3(t *testing.T) []*server {
 		conf := filepath.Join(dir, "nodes-"+strconv.Itoa(port)+".conf")
 		srv := startServerOn(t, port, "--cluster-enabled", "yes", "--cluster-config-file", conf,
 			"--cluster-port", strconv.Itoa(bus),
-			"--cluster-require-full-coverage", "no", "--cluster-node-timeout", "5000")
+			"--cluster-require-full-coverage", "no", "--cluster-node-timeout", "2000")
 		nodes = append(nodes, srv)
 		admins = append(admins, dial(t, srv.addr()))
 	}
 	ctx := ctxT(t)
 	for i, a := range admins {
-		lo, hi := i*16384/3, (i+1)*16384/3-1
-		if err := a.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
-			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
+		if i < 3 {
+			lo, hi := i*16384/3, (i+1)*16384/3-1
+			if err := a.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+				t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
+			}
 		}
 		if i > 0 {
 			if err := admins[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", nodes[i].port, buses[i]).Err(); err != nil {
@@ -120,17 +161,41 @@ func startCluster3(t *testing.T) []*server {
 			}
 		}
 	}
-	waitFor(t, 30*time.Second, "three-master cluster ok", func() bool {
+	known := "cluster_known_nodes:" + strconv.Itoa(n)
+	waitFor(t, 30*time.Second, "the cluster's nodes meet", func() bool {
 		for _, a := range admins {
 			info, _ := a.ClusterInfo(ctx).Result()
-			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") ||
-				!strings.Contains(info, "cluster_slots_assigned:16384") {
+			if !strings.Contains(info, known) {
 				return false
 			}
 		}
 		return true
 	})
-	return nodes
+	for i := 3; i < n; i++ {
+		id, err := admins[i-3].ClusterMyID(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := admins[i].ClusterReplicate(ctx, id).Err(); err != nil {
+			t.Fatalf("CLUSTER REPLICATE: %v", err)
+		}
+	}
+	waitFor(t, 30*time.Second, "the cluster ok", func() bool {
+		for i, a := range admins {
+			info, _ := a.ClusterInfo(ctx).Result()
+			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_assigned:16384") {
+				return false
+			}
+			if i >= 3 {
+				repl, _ := a.Info(ctx, "replication").Result()
+				if !strings.Contains(repl, "master_link_status:up") {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return nodes[:3], nodes[3:]
 }
 
 // Renewal on a cluster goes to each master on its own: with one of three
@@ -238,5 +303,237 @@ func TestClusterHashTagNames(t *testing.T) {
 			}
 		}
 		f.Close()
+	}
+}
+
+// pipelines counts the pipelines sent to each node, and the commands in
+// them.
+type pipelines struct {
+	mu   sync.Mutex
+	n    map[string]int
+	cmds map[string]int
+}
+
+func (p *pipelines) onNode(c *redis.Client) { c.AddHook(pipelineHook{p, c.Options().Addr}) }
+
+func (p *pipelines) reset() (n, cmds map[string]int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, cmds = p.n, p.cmds
+	p.n, p.cmds = map[string]int{}, map[string]int{}
+	return n, cmds
+}
+
+type pipelineHook struct {
+	p    *pipelines
+	addr string
+}
+
+func (pipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.p.mu.Lock()
+		if h.p.n != nil {
+			h.p.n[h.addr]++
+			h.p.cmds[h.addr] += len(cmds)
+		}
+		h.p.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// evalCalls is the number of scripts a node ran since its counters were
+// reset, and of all commands (those in scripts included).
+func evalCalls(t *testing.T, rdb *redis.Client) (scripts, all int) {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok || name == "info" || name == "config|resetstat" {
+			continue
+		}
+		n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+		all += n
+		if name == "evalsha" || name == "eval" {
+			scripts += n
+		}
+	}
+	return scripts, all
+}
+
+// Renewal of 10,000 locks spread over three masters: one pipeline per
+// master per pass, with a script per lock (locks in different slots
+// cannot share a script on a cluster), never a round trip per lock.
+func TestClusterRenewal10k(t *testing.T) {
+	masters, _ := startClusterOf(t, false)
+	var pc pipelines
+	cc := clusterClient(t, masters, pc.onNode)
+	const locks, ttl = 10000, 3 * time.Second
+	f := NewFactory(cc, WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+	defer f.Close()
+	ctx := ctxT(t)
+	hs := make([]*Holder, locks)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < locks; i += 8 {
+				h, err := f.Acquire(ctx, uniq(t, strconv.Itoa(i)))
+				if err != nil {
+					errs <- err
+					return
+				}
+				hs[i] = h
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	admins := make([]*redis.Client, len(masters))
+	for i, m := range masters {
+		admins[i] = dial(t, m.addr())
+		if err := admins[i].ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc.reset()
+	time.Sleep(3 * ttl) // about nine renewal passes
+	n, cmds := pc.reset()
+	for i, m := range masters {
+		scripts, all := evalCalls(t, admins[i])
+		p := n[m.addr()]
+		keys, _ := admins[i].DBSize(ctx).Result()
+		t.Logf("master %d: %d pipelines, %d commands in them, %d scripts and %d commands counted by the server (%.0f per pipeline), %d keys",
+			i, p, cmds[m.addr()], scripts, all, float64(all)/float64(max(p, 1)), keys)
+		if p == 0 || scripts < locks/10 {
+			t.Errorf("master %d: %d pipelines, %d scripts in %v; the locks were not renewed there", i, p, scripts, 3*ttl)
+		}
+		// A round trip per lock would be about a third of the locks'
+		// renewals each pass; one per pass is a handful per window.
+		if p > scripts/100 {
+			t.Errorf("master %d: %d pipelines for %d scripts: renewal round trips grow with the locks", i, p, scripts)
+		}
+	}
+	for _, h := range hs {
+		if h.Err() != nil {
+			t.Fatalf("%s lost while renewed: %v", h.Name(), h.Err())
+		}
+	}
+}
+
+// Failovers on three masters with a replica each, under held locks whose
+// keys reached the replicas: a CLUSTER FAILOVER asked of a replica, then
+// a master killed, which its replica replaces once the others see it fail.
+// Each time the locks on the master that went either stay held, renewed on
+// its successor, with nobody else let in, or are reported lost; the locks
+// on the other masters stay held.
+func TestClusterFailover(t *testing.T) {
+	masters, replicas := startClusterOf(t, true)
+	nodes := append(masters, replicas...)
+	cc := clusterClient(t, nodes, nil)
+	const ttl = 2 * time.Second
+	f := NewFactory(cc, WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+	defer f.Close()
+	g := NewFactory(clusterClient(t, nodes, nil), WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+	defer g.Close()
+	ctx := ctxT(t)
+	byMaster := map[string][]*Holder{}
+	for i := range 30 {
+		h, err := f.Acquire(ctx, uniq(t, strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, err := cc.MasterForKey(ctx, h.k.lock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byMaster[node.Options().Addr] = append(byMaster[node.Options().Addr], h)
+	}
+	if len(byMaster) != 3 {
+		t.Fatalf("locks on %d masters; want all 3", len(byMaster))
+	}
+	// replicated waits until each master's replica has its writes.
+	replicated := func() {
+		t.Helper()
+		for _, m := range nodes {
+			if m.cmd == nil {
+				continue
+			}
+			rdb := dial(t, m.addr())
+			if repl, _ := rdb.Info(ctx, "replication").Result(); !strings.Contains(repl, "role:master") {
+				continue
+			}
+			if n, err := rdb.Wait(ctx, 1, 10000).Result(); err != nil || n < 1 {
+				t.Fatalf("WAIT on %s: %d replicas, %v", m.addr(), n, err)
+			}
+		}
+	}
+	promoted := func(s *server) {
+		t.Helper()
+		rdb := dial(t, s.addr())
+		waitFor(t, 60*time.Second, s.addr()+" promoted and the cluster ok", func() bool {
+			repl, _ := rdb.Info(ctx, "replication").Result()
+			info, _ := rdb.ClusterInfo(ctx).Result()
+			return strings.Contains(repl, "role:master") && strings.Contains(info, "cluster_state:ok")
+		})
+	}
+	var all []*Holder
+	for _, hs := range byMaster {
+		all = append(all, hs...)
+	}
+
+	replicated()
+	if err := dial(t, replicas[0].addr()).ClusterFailover(ctx).Err(); err != nil {
+		t.Fatalf("CLUSTER FAILOVER: %v", err)
+	}
+	promoted(replicas[0])
+	keptOrLost(t, "after CLUSTER FAILOVER", g, all, ttl)
+	for _, m := range masters[1:] {
+		for _, h := range byMaster[m.addr()] {
+			if isClosed(h.Done()) {
+				t.Fatalf("%s, on a master that did not fail over, lost: %v", h.Name(), h.Err())
+			}
+		}
+	}
+
+	replicated()
+	masters[1].kill()
+	promoted(replicas[1])
+	keptOrLost(t, "after a master was killed", g, all, ttl)
+	for _, h := range byMaster[masters[2].addr()] {
+		if isClosed(h.Done()) {
+			t.Fatalf("%s, on a master that did not fail, lost: %v", h.Name(), h.Err())
+		}
+	}
+	for _, h := range all {
+		h.Release()
+	}
+	// Every name can be taken again, on whichever master serves it now:
+	// the factory has the client reload its map of the cluster when a call
+	// fails on the network (go-redis would wait for its periodic reload).
+	for _, h := range all {
+		var h2 *Holder
+		var tries []error
+		waitFor(t, 30*time.Second, "Acquire of "+h.Name()+" after the failovers", func() bool {
+			var err error
+			if h2, err = g.Acquire(ctx, h.Name(), WithWait()); err != nil {
+				tries = append(tries, err)
+			}
+			return err == nil
+		})
+		if len(tries) > 0 {
+			t.Logf("%s: %d failed tries first: %v", h.Name(), len(tries), tries[0])
+		}
+		if h2.Token() <= h.Token() {
+			t.Errorf("%s: token %d after %d", h.Name(), h2.Token(), h.Token())
+		}
+		h2.Release()
 	}
 }

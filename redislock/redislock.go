@@ -51,8 +51,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
+	"net"
 	"os"
 	"reflect"
 	"sort"
@@ -336,6 +338,17 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	})
 }
 
+// unreachable has a cluster client reload its map of the cluster after a
+// call failed on the network: go-redis otherwise keeps sending a failed
+// master's slots to it until its periodic reload (a minute by default;
+// go-redis issue #3979), long after a replica took over.
+func (f *Factory) unreachable(err error) {
+	var ne net.Error
+	if cc, ok := f.c.(*redis.ClusterClient); ok && errors.As(err, &ne) {
+		cc.ReloadState(context.Background())
+	}
+}
+
 // try runs the acquire script once.
 func (f *Factory) try(ctx context.Context, k keys, id string, ls lease) (attempt, error) {
 	a := attempt{sent: time.Now()}
@@ -348,6 +361,7 @@ func (f *Factory) try(ctx context.Context, k keys, id string, ls lease) (attempt
 	}
 	res, err := cmd.Result()
 	if err != nil {
+		f.unreachable(err)
 		f.abandon(ctx, k, id, ls)
 		return a, fmt.Errorf("redislock: acquire: %w", err)
 	}

@@ -360,6 +360,9 @@ func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch
 		v, err := results[h].v, results[h].err
 		switch {
 		case err != nil:
+			if len(failed) == 0 {
+				r.f.unreachable(err)
+			}
 			if h.tracked {
 				// Try again soon; the deadline decides when to give up.
 				retry := min(max(h.ls.ttl/10, time.Millisecond), time.Second)
