@@ -76,14 +76,17 @@ func (h *Holder) Release() error {
 	return h.state.Err()
 }
 
-// lose closes h's files and ends it with err, which matches ErrLockLost.
+// lose ends h with err, which matches ErrLockLost, and closes its files.
+// Done closes first, so the holder is told before the kernel can give
+// the lock to another.
 func (h *Holder) lose(err error) {
+	lost := h.state.Lose(err)
 	if !h.closeFiles() {
-		return
+		return // Release closed them: it reports
 	}
 	h.f.untrack(h)
 	dirwatch.Signal(h.dir, h.esc)
-	if h.state.Lose(err) {
+	if lost {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }
@@ -135,6 +138,7 @@ func (f *Factory) track(h *Holder) bool {
 	if f.check > 0 && f.timer == nil {
 		f.timer = time.AfterFunc(f.check, f.verify)
 	}
+	h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
 	return true
 }
 
