@@ -153,8 +153,8 @@ func WithMetadata(key, value string) Option {
 // when its process cannot reach the store (or pauses) for longer than the
 // TTL, or is killed. With WithAutoRenew(false) the lease runs out one TTL
 // after Acquire unless the holder calls Extend ([Extender], or
-// [KeepAlive]) — the way to give a crashed or stuck holder's lock a fixed
-// bound.
+// [KeepAlive]) — the way to give a crashed holder's lock a fixed bound;
+// [WithMaxHold] bounds a live, stuck one however it is renewed.
 func WithAutoRenew(on bool) Option { return func(o *Options) { o.NoAutoRenew = !on } }
 
 // WithMaxHold bounds how long a lock is held: d after the Acquire, the
