@@ -81,11 +81,10 @@ func (h *Holder) Release() error {
 // the lock to another.
 func (h *Holder) lose(err error) {
 	lost := h.state.Lose(err)
-	if !h.closeFiles() {
-		return // Release closed them: it reports
+	if h.closeFiles() { // else Release closed them
+		h.f.untrack(h)
+		dirwatch.Signal(h.dir, h.esc)
 	}
-	h.f.untrack(h)
-	dirwatch.Signal(h.dir, h.esc)
 	if lost {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
