@@ -159,7 +159,11 @@ func (h *Holder) lose(err error) {
 // endHold is WithMaxHold's end (see backend.State.Bound): the holder is
 // lost with err at once, then its key is deleted if it is still the
 // holder's, as Release would, so it does not linger with the lease.
+// A Release on its way decides: its delete frees the key.
 func (h *Holder) endHold(err error) {
+	if h.releasing.Load() {
+		return
+	}
 	h.w.untrack(h.claim) // our own deletion is not news
 	if !h.state.Lose(err) {
 		return // released or lost already
