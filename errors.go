@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // The errors every backend reports. Each backend exports its own ErrLocked
@@ -23,6 +24,10 @@ var (
 	ErrLimitMismatch = errors.New("lock: semaphore limit mismatch")
 	// ErrClosed: the factory was closed.
 	ErrClosed = errors.New("lock: closed")
+	// ErrMaxHold: the lock was held for as long as WithMaxHold allows, so
+	// the backend gave it up. It wraps ErrLockLost: it is a loss, which
+	// ends WithLock's context and KeepAlive's like any other.
+	ErrMaxHold = fmt.Errorf("%w: held for its WithMaxHold", ErrLockLost)
 )
 
 // WaitError is returned when an Acquire with WithWait gives up because its

@@ -110,6 +110,15 @@ func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Cont
 				if kctx.Err() != nil {
 					return // stopped by the caller while extending
 				}
+				select {
+				case <-h.Done():
+					// The lock ended while extending: its own error says
+					// why (a WithMaxHold, a loss), not the Extend's echo.
+					if herr := h.Err(); herr != nil {
+						err = herr
+					}
+				default:
+				}
 				if !errors.Is(err, ErrLockLost) {
 					err = fmt.Errorf("%w: renewal failed: %w", ErrLockLost, err)
 				}

@@ -26,6 +26,7 @@ type Options struct {
 	Owner         string            // who holds the lock, for operators (a trace or job id)
 	Metadata      map[string]string // free-form, shown by Inspect and in markers
 	NoAutoRenew   bool              // WithAutoRenew(false): only Extend renews a lease
+	MaxHold       time.Duration     // WithMaxHold: the longest a holder keeps the lock; 0: no bound
 	Logger        *slog.Logger      // nil: slog.Default(); WithLogger(nil) sets one that discards
 	Observer      Observer          // metrics and tracing hook; nil: none
 
@@ -152,9 +153,29 @@ func WithMetadata(key, value string) Option {
 // when its process cannot reach the store (or pauses) for longer than the
 // TTL, or is killed. With WithAutoRenew(false) the lease runs out one TTL
 // after Acquire unless the holder calls Extend ([Extender], or
-// [KeepAlive]) — the way to give a crashed or stuck holder's lock a fixed
-// bound.
+// [KeepAlive]) — the way to give a crashed holder's lock a fixed bound;
+// [WithMaxHold] bounds a live, stuck one however it is renewed.
 func WithAutoRenew(on bool) Option { return func(o *Options) { o.NoAutoRenew = !on } }
+
+// WithMaxHold bounds how long a lock is held: d after the Acquire, the
+// backend stops renewing it, declares it lost — Done closes, Err matches
+// ErrMaxHold and ErrLockLost, WithLock's context is cancelled with that
+// cause — and releases it, so a stuck job cannot keep a name for ever,
+// however it is renewed (the backend's own renewal, Extend, KeepAlive).
+// Releasing at d holds for every backend, leased or not: a lease is not
+// left to linger for a TTL, and a session or kernel lock is freed too.
+// A d shorter than the TTL is allowed: the lock then simply ends at d.
+// Each holder (each semaphore permit) is bounded on its own, from its
+// own Acquire; d must be positive.
+func WithMaxHold(d time.Duration) Option {
+	return func(o *Options) {
+		if d <= 0 {
+			o.invalid("WithMaxHold(%v): must be positive", d)
+			return
+		}
+		o.MaxHold = d
+	}
+}
 
 // WithLogger sets the logger. Acquisitions, releases and contention are
 // logged at Debug, failures at Warn, lost locks at Warn. A nil logger turns

@@ -24,6 +24,7 @@ type State struct {
 	mu    sync.Mutex
 	err   error
 	ended bool
+	stop  func() bool // stops the WithMaxHold timer (see Bound); nil without one
 }
 
 // NewState returns the state of a freshly acquired lock.
@@ -51,14 +52,63 @@ func (s *State) End() bool { return s.end(nil) }
 
 func (s *State) end(err error) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.ended {
+		s.mu.Unlock()
 		return false
 	}
 	s.ended, s.err = true, err
 	close(s.done)
+	stop := s.stop
+	s.stop = nil
+	s.mu.Unlock()
+	if stop != nil {
+		stop() // outside s.mu: a clock's stop may take a lock of its own
+	}
 	return true
 }
+
+// AfterFunc runs f once d has passed; stop cancels it and reports whether
+// it did so before f ran. It is time.AfterFunc's shape, so that a
+// backend's own clock (memlock's ManualClock) can drive Bound.
+type AfterFunc func(d time.Duration, f func()) (stop func() bool)
+
+// Bound arms lock.WithMaxHold for a holder whose lock was just taken:
+// once o.MaxHold has passed (never when it is 0), end runs with an error
+// that matches lost (the backend's ErrLockLost) and lock.ErrMaxHold and
+// says so. end must do what the backend does with a loss its own clock
+// finds: close Done first (Lose) and report the loss, then free the lock
+// in the store if it is still the holder's, as Release would, so that a
+// stuck holder neither keeps the name nor leaves a lease to linger. The
+// loss ends the holder's renewal, as any loss does. The timer stops when
+// the state ends first, by Release or another loss. after is the
+// backend's clock; nil means time.AfterFunc. Call Bound once the holder
+// is registered, before it is handed out.
+func (s *State) Bound(o *lock.Options, lost error, after AfterFunc, end func(error)) {
+	d := o.MaxHold
+	if d <= 0 {
+		return
+	}
+	if after == nil {
+		after = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	}
+	err := &maxHoldError{lost: lost, d: d}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.stop = after(d, func() { end(err) })
+	}
+}
+
+// maxHoldError is the loss of a holder that reached its WithMaxHold.
+type maxHoldError struct {
+	lost error
+	d    time.Duration
+}
+
+func (e *maxHoldError) Error() string {
+	return fmt.Sprintf("%v: held for %v, its WithMaxHold", e.lost, e.d)
+}
+func (e *maxHoldError) Unwrap() []error { return []error{e.lost, lock.ErrMaxHold} }
 
 // Ended reports whether the lock was released or lost.
 func (s *State) Ended() bool {

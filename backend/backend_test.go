@@ -248,3 +248,64 @@ func TestUnescape(t *testing.T) {
 		}
 	}
 }
+
+// fakeClock is an AfterFunc whose timers fire when the test says.
+type fakeClock struct {
+	mu      sync.Mutex
+	d       time.Duration
+	f       func()
+	stopped bool
+}
+
+func (c *fakeClock) after(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.d, c.f = d, f
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.stopped = true
+		return true
+	}
+}
+
+func TestStateBound(t *testing.T) {
+	lost := fmt.Errorf("toy: %w", lock.ErrLockLost)
+	o, _ := lock.Apply(lock.Options{}, lock.WithMaxHold(time.Minute))
+	var c fakeClock
+	s := backend.NewState()
+	var got error
+	s.Bound(&o, lost, c.after, func(err error) { got = err; s.Lose(err) })
+	if c.d != time.Minute || c.f == nil {
+		t.Fatalf("timer armed for %v", c.d)
+	}
+	c.f()
+	<-s.Done()
+	for _, want := range []error{lost, lock.ErrLockLost, lock.ErrMaxHold} {
+		if !errors.Is(s.Err(), want) || !errors.Is(got, want) {
+			t.Errorf("Err = %v; want it to match %v", s.Err(), want)
+		}
+	}
+	if !strings.HasPrefix(s.Err().Error(), "toy: lock: lock lost: held for 1m0s") {
+		t.Errorf("Err says %q", s.Err())
+	}
+
+	// A release first stops the timer; no bound arms nothing.
+	c = fakeClock{}
+	s = backend.NewState()
+	s.Bound(&o, lost, c.after, func(error) { t.Error("end ran") })
+	s.End()
+	if !c.stopped {
+		t.Error("End did not stop the timer")
+	}
+	c = fakeClock{}
+	backend.NewState().Bound(&lock.Options{}, lost, c.after, func(error) {})
+	if c.f != nil {
+		t.Error("a timer armed without WithMaxHold")
+	}
+	// Real time by default.
+	o, _ = lock.Apply(lock.Options{}, lock.WithMaxHold(time.Millisecond))
+	s = backend.NewState()
+	s.Bound(&o, lost, nil, func(err error) { s.Lose(err) })
+	<-s.Done()
+}

@@ -659,6 +659,7 @@ func (f *Factory) admit(ctx context.Context, w *watcher, s *session, q *queue, c
 	for {
 		switch w.hold(c, h) {
 		case held:
+			h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
 			return h, nil
 		case unverified:
 			gen := w.generation()

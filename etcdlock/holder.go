@@ -156,6 +156,33 @@ func (h *Holder) lose(err error) {
 	h.f.unclaim(h.claim)
 }
 
+// endHold is WithMaxHold's end (see backend.State.Bound): the holder is
+// lost with err at once, then its key is deleted if it is still the
+// holder's, as Release would, so it does not linger with the lease.
+// A Release on its way decides: its delete frees the key.
+func (h *Holder) endHold(err error) {
+	if h.releasing.Load() {
+		return
+	}
+	h.w.untrack(h.claim) // our own deletion is not news
+	if !h.state.Lose(err) {
+		return // released or lost already
+	}
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
+	ctx, cancel := backend.ReleaseContext(h.ctx)
+	defer cancel()
+	_, derr := h.f.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", int64(h.token))).
+		Then(clientv3.OpDelete(h.key)).
+		Commit()
+	if derr != nil {
+		h.s.addOrphan(h.claim, int64(h.token)) // deleted later, or with the lease
+	} else {
+		h.f.unclaim(h.claim)
+	}
+	h.detach()
+}
+
 // detach drops the holder's references to its session and watch.
 func (h *Holder) detach() {
 	h.detachOnce.Do(func() {

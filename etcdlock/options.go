@@ -55,6 +55,10 @@ func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 // lease of its own (one more round trip to acquire) that only Extend renews.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
+// WithMaxHold ends a lock d after its Acquire: it is lost with
+// ErrMaxHold and its key deleted; see lock.WithMaxHold.
+func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
+
 // WithOwner records who holds the lock, for Inspect and etcdctl.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
 

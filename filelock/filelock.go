@@ -294,6 +294,7 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	err = f.register(h)
 	if err == nil {
 		h.startLocked(now)
+		h.state.Bound(o, ErrLockLost, nil, h.end)
 	}
 	h.mu.Unlock()
 	if err != nil {

@@ -282,8 +282,13 @@ func (h *Holder) visit() {
 // expire runs on the expiry timer, at the deadline: the holder learns at
 // once — no I/O, no h.mu, so a refresh stalled on the disk or on a guard
 // cannot delay it — and then the marker, if still ours, is removed.
-func (h *Holder) expire() {
-	h.lose(h.expired())
+func (h *Holder) expire() { h.end(h.expired()) }
+
+// end loses the lock with err, at once and without I/O, then removes the
+// marker if it is still ours: the deadline's end, and WithMaxHold's (see
+// backend.State.Bound).
+func (h *Holder) end(err error) {
+	h.lose(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.over {

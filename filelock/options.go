@@ -68,6 +68,10 @@ func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 // with Extend. Each held lock is refreshed on a timer of its own.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
+// WithMaxHold ends a lock d after its Acquire: refreshing stops, it is
+// lost with ErrMaxHold and its marker removed; see lock.WithMaxHold.
+func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
+
 // WithOwner records who holds the lock (a job or trace id) in the marker,
 // where `cat` and Inspect show it.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }

@@ -241,7 +241,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		}
 		switch {
 		case err == nil && !f.track(h):
-			h.closeFiles()
+			h.closeFiles(nil)
 			return nil, 0, lock.ErrClosed
 		case errors.Is(err, ErrLocked) && !watched:
 			// No inotify: polls are how releases in other processes show.

@@ -66,7 +66,7 @@ func (h *Holder) Path() string {
 // (sweeps remove them). Release is idempotent; after a loss it returns an
 // error matching ErrLockLost.
 func (h *Holder) Release() error {
-	if h.closeFiles() {
+	if h.closeFiles(nil) {
 		h.f.untrack(h)
 		dirwatch.Signal(h.dir, h.esc)
 		if h.state.End() {
@@ -76,27 +76,34 @@ func (h *Holder) Release() error {
 	return h.state.Err()
 }
 
-// lose closes h's files and ends it with err, which matches ErrLockLost.
+// lose ends h with err, which matches ErrLockLost, by closing its files.
+// Whoever closes them first, lose or Release, decides how h ended; lose
+// closes Done just before the files, so the holder is told before the
+// kernel can give the lock to another.
 func (h *Holder) lose(err error) {
-	if !h.closeFiles() {
-		return
+	lost := false
+	if !h.closeFiles(func() { lost = h.state.Lose(err) }) {
+		return // released, or lost already
 	}
 	h.f.untrack(h)
 	dirwatch.Signal(h.dir, h.esc)
-	if h.state.Lose(err) {
+	if lost {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
 }
 
 // closeFiles closes the holder's files, and reports whether this call
-// did.
-func (h *Holder) closeFiles() bool {
+// did. before, if not nil, runs first, under h.mu.
+func (h *Holder) closeFiles(before func()) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return false
 	}
 	h.closed = true
+	if before != nil {
+		before()
+	}
 	if h.slotFd != noFile {
 		sysClose(h.slotFd)
 	}
@@ -135,6 +142,7 @@ func (f *Factory) track(h *Holder) bool {
 	if f.check > 0 && f.timer == nil {
 		f.timer = time.AfterFunc(f.check, f.verify)
 	}
+	h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
 	return true
 }
 

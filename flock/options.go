@@ -36,6 +36,11 @@ func WithWait() Option { return lock.WithWait() }
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
 func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 
+// WithMaxHold ends a lock d after its Acquire: it is lost with
+// ErrMaxHold and its files are closed, which frees it; see
+// lock.WithMaxHold.
+func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
+
 // WithOwner records who holds the lock (a job or trace id) in the lock
 // file, where Inspect and cat show it. Default: none, and Inspect reports
 // pid@host.

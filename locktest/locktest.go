@@ -93,6 +93,11 @@ type Backend struct {
 	// Name is the backend's name in lock.Event.Backend. If set, the
 	// Observer test runs, giving lock.WithObserver to New.
 	Name string
+	// Clock, if set, returns a store whose time moves only when advance
+	// is called (memlock with a ManualClock): lockers from newLocker
+	// contend with each other like New's. The MaxHold test then checks
+	// the bound by that clock too, to the tick.
+	Clock func(t testing.TB) (newLocker func(opts ...lock.Option) lock.Locker, advance func(time.Duration))
 }
 
 // Factory is what the Close and Config tests need of a backend's factory.
@@ -141,6 +146,12 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Extend", s.extend)
 	t.Run("LeaseExpiry", s.leaseExpiry)
 	t.Run("Loss", s.loss)
+	t.Run("MaxHold", s.maxHold)
+	t.Run("MaxHoldClock", s.maxHoldClock)
+	t.Run("AcquireAll", s.acquireAll)
+	t.Run("AcquireAllAtomic", s.acquireAllAtomic)
+	t.Run("AcquireAllLoss", s.acquireAllLoss)
+	t.Run("AcquireAllNoDeadlock", s.acquireAllNoDeadlock)
 	t.Run("Inspect", s.inspect)
 	t.Run("List", s.list)
 	t.Run("Observer", s.observer)
@@ -527,6 +538,8 @@ func (s *suite) badOptions(t *testing.T) {
 		{"WithTTL(0)", lock.WithTTL(0)},
 		{"WithTTL(-1s)", lock.WithTTL(-time.Second)},
 		{"WithWaitTimeout(0)", lock.WithWaitTimeout(0)},
+		{"WithMaxHold(0)", lock.WithMaxHold(0)},
+		{"WithMaxHold(-1s)", lock.WithMaxHold(-time.Second)},
 		// An option of another backend would be silently ignored.
 		{"another backend's option", backend.Value("locktest-other", "WithX", foreignKey{}, 1)},
 	} {

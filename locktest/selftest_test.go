@@ -32,6 +32,8 @@ type toy struct {
 	repeatTokens bool // hand out the same token again
 	liveTokens   bool // Token reads the name's counter, which refused attempts move
 	barge        bool // a waiting Acquire takes a held lock
+	holdForever  bool // ignore WithMaxHold
+	keepAtMax    bool // at WithMaxHold, tell the holder but keep the name held
 }
 
 type toyHolder struct {
@@ -52,7 +54,7 @@ func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*t
 		}
 		return nil, err
 	}
-	if h := t.try(name, o.Wait); h != nil || !o.Wait {
+	if h := t.try(name, &o); h != nil || !o.Wait {
 		if h == nil {
 			return nil, errLocked
 		}
@@ -77,16 +79,16 @@ func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*t
 			return nil, fmt.Errorf("%w: %w", errLocked, ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
-		if h := t.try(name, true); h != nil {
+		if h := t.try(name, &o); h != nil {
 			return h, nil
 		}
 	}
 }
 
-func (t *toy) try(name string, wait bool) *toyHolder {
+func (t *toy) try(name string, o *lock.Options) *toyHolder {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.held[name] >= t.admit && !(t.barge && wait) {
+	if t.held[name] >= t.admit && !(t.barge && o.Wait) {
 		if t.liveTokens {
 			t.tokens[name]++
 		}
@@ -96,7 +98,20 @@ func (t *toy) try(name string, wait bool) *toyHolder {
 	if !t.repeatTokens {
 		t.tokens[name]++
 	}
-	return &toyHolder{t: t, name: name, token: t.tokens[name] + 1, state: backend.NewState()}
+	h := &toyHolder{t: t, name: name, token: t.tokens[name] + 1, state: backend.NewState()}
+	if !t.holdForever {
+		h.state.Bound(o, errLost, nil, h.lose)
+	}
+	return h
+}
+
+// lose ends h with err, and frees its name unless the toy keeps it.
+func (h *toyHolder) lose(err error) {
+	if h.state.Lose(err) && !h.t.keepAtMax {
+		h.t.mu.Lock()
+		h.t.held[h.name]--
+		h.t.mu.Unlock()
+	}
 }
 
 func (t *toy) waiters(name string) int {
@@ -111,7 +126,7 @@ func (h *toyHolder) Release() error {
 		h.t.held[h.name]--
 		h.t.mu.Unlock()
 	}
-	return nil
+	return h.state.Err()
 }
 func (h *toyHolder) Token() uint64 {
 	if h.t.liveTokens {
@@ -163,6 +178,10 @@ func TestBrokenToy(t *testing.T) {
 		runToy(t, &toy{repeatTokens: true}, true)
 	case "live-tokens":
 		runToy(t, &toy{liveTokens: true}, true)
+	case "hold-forever":
+		runToy(t, &toy{holdForever: true}, true)
+	case "keep-at-max":
+		runToy(t, &toy{keepAtMax: true}, true)
 	case "barging-waiter":
 		// Without the Waiting hook, the suite cannot wait for the waiter
 		// to wait: the waiter's own record of when it got in catches it.
@@ -178,6 +197,8 @@ func TestSuiteCatchesBrokenLockers(t *testing.T) {
 		"repeat-tokens":  {"TestBrokenToy/Tokens", "TestBrokenToy/MutualExclusion"},
 		"live-tokens":    {"TestBrokenToy/Tokens"},
 		"barging-waiter": {"TestBrokenToy/Wait"},
+		"hold-forever":   {"TestBrokenToy/MaxHold"},
+		"keep-at-max":    {"TestBrokenToy/MaxHold"},
 	} {
 		t.Run(flaw, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenToy$", "-test.v")

@@ -49,3 +49,24 @@ func ExampleManualClock() {
 	fmt.Println(h.Err())
 	// Output: memlock: lock: lock lost
 }
+
+// A test of a job's bound moves a ManualClock instead of waiting an hour.
+func ExampleWithMaxHold() {
+	clock := memlock.NewManualClock(time.Unix(0, 0))
+	locks := memlock.NewFactory(memlock.WithClock(clock))
+	ctx := context.Background()
+
+	h, _ := locks.Acquire(ctx, "daily-export", memlock.WithMaxHold(time.Hour))
+	clock.Advance(59 * time.Minute)
+	fmt.Println("held after 59m:", h.Err() == nil)
+	clock.Advance(time.Minute)
+	<-h.Done()
+	fmt.Println("ended at 1h:", errors.Is(h.Err(), lock.ErrMaxHold))
+	h2, err := locks.Acquire(ctx, "daily-export")
+	fmt.Println("next holder:", err == nil)
+	h2.Release()
+	// Output:
+	// held after 59m: true
+	// ended at 1h: true
+	// next holder: true
+}

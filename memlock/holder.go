@@ -73,6 +73,17 @@ func (h *Holder) expire() {
 	}
 }
 
+// lose ends h with err, which matches ErrLockLost, and hands its permit
+// on: WithMaxHold's end (see backend.State.Bound).
+func (h *Holder) lose(err error) {
+	h.f.mu.Lock()
+	removed := h.f.removeLocked(h, err)
+	h.f.mu.Unlock()
+	if removed {
+		h.reportLost()
+	}
+}
+
 // reportLost reports h's loss, once its state has recorded it; outside f.mu,
 // as an observer may be slow.
 func (h *Holder) reportLost() {

@@ -149,6 +149,7 @@ func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *loc
 		h.expires = h.since.Add(o.TTL)
 		h.stop = f.clock.AfterFunc(o.TTL, h.expire)
 	}
+	h.state.Bound(o, ErrLockLost, f.clock.AfterFunc, h.lose)
 	return h
 }
 

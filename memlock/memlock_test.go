@@ -31,6 +31,12 @@ func TestConformance(t *testing.T) {
 		// with f.
 		NewFactory: func(_ testing.TB, opts ...lock.Option) locktest.Factory { return memlock.NewFactory(opts...) },
 		Name:       "memlock",
+		Clock: func(t testing.TB) (func(...lock.Option) lock.Locker, func(time.Duration)) {
+			c := memlock.NewManualClock(time.Unix(0, 0))
+			f := memlock.NewFactory(memlock.WithClock(c))
+			t.Cleanup(func() { f.Close() })
+			return func(opts ...lock.Option) lock.Locker { return f.AsLocker(opts...) }, c.Advance
+		},
 	})
 }
 

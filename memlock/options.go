@@ -32,6 +32,11 @@ func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 // only through ForceLoss or Close.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
+// WithMaxHold ends a lock d after its Acquire, by the factory's clock
+// (WithClock): it is lost with ErrMaxHold and its permit handed on; see
+// lock.WithMaxHold.
+func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
+
 // WithOwner records who holds the lock, for Inspect.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
 

@@ -65,26 +65,9 @@ func (h *Holder) Release() error {
 		}
 		return h.relErr
 	}
-	held, handed := false, false
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
-	err := h.s.do(ctx, false, func(sc *sessionConn) error {
-		if sc.s.gen != h.gen {
-			return nil // the session ended; the holder was told
-		}
-		var pid int32
-		var err error
-		held, handed, pid, err = h.unlock(sc)
-		if err != nil {
-			// Unknown or failed: close the session, which frees the lock.
-			return sc.fail(fmt.Errorf("pglock: release of %q: %w", h.Name(), err))
-		}
-		if err := sc.checkPID(pid); err != nil {
-			return err
-		}
-		sc.s.remove(h)
-		return nil
-	})
+	held, handed, err := h.unlockOnSession(ctx)
 	switch {
 	case h.state.Ended(): // lost before or while releasing
 		if err := h.state.Err(); err != nil {
@@ -112,6 +95,52 @@ func (h *Holder) Release() error {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: h.relErr})
 	}
 	return h.relErr
+}
+
+// unlockOnSession runs the release statement on h's session, unless the
+// session ended since (the holder was told). If the unlock fails or its
+// result is unknown, the session is closed, which frees the lock.
+func (h *Holder) unlockOnSession(ctx context.Context) (held, handed bool, err error) {
+	err = h.s.do(ctx, false, func(sc *sessionConn) error {
+		if sc.s.gen != h.gen {
+			return nil // the session ended; the holder was told
+		}
+		var pid int32
+		var err error
+		held, handed, pid, err = h.unlock(sc)
+		if err != nil {
+			// Unknown or failed: close the session, which frees the lock.
+			return sc.fail(fmt.Errorf("pglock: release of %q: %w", h.Name(), err))
+		}
+		if err := sc.checkPID(pid); err != nil {
+			return err
+		}
+		sc.s.remove(h)
+		return nil
+	})
+	return held, handed, err
+}
+
+// endHold is WithMaxHold's end (see backend.State.Bound): h is lost with
+// err at once, then unlocked on its session as Release would, the session
+// closed if that fails, so the lock does not outlive the bound.
+func (h *Holder) endHold(err error) {
+	h.relMu.Lock()
+	defer h.relMu.Unlock()
+	if !h.state.Lose(err) {
+		return // released or lost already
+	}
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: err})
+	ctx, cancel := backend.ReleaseContext(h.ctx)
+	defer cancel()
+	_, handed, uerr := h.unlockOnSession(ctx)
+	if uerr != nil && h.s.holds(h) {
+		h.s.forceClose() // unreachable and still claiming it: see Release
+	}
+	if handed {
+		h.f.contended(h.e.keys.mutex)
+	}
+	h.unhold()
 }
 
 // unlock runs the release statement: unlock, delete the holder's row if it

@@ -68,6 +68,10 @@ func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 // two prefixes is two different locks. Default "". It must not contain NUL.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
+// WithMaxHold ends a lock d after its Acquire: it is lost with
+// ErrMaxHold and unlocked on its session; see lock.WithMaxHold.
+func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
+
 // WithOwner records who holds the lock (a job or trace id), shown by
 // Inspect. A call with an owner or metadata writes its holder, with its
 // token, to the pglock_holders table in the acquire statement.

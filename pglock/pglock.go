@@ -434,6 +434,7 @@ func (f *Factory) hold(ctx context.Context, s *session, e *entry, key int64, slo
 	e.refs++ // the holder's reference
 	f.mu.Unlock()
 	s.add(h)
+	h.state.Bound(o, ErrLockLost, nil, h.endHold)
 	return h
 }
 

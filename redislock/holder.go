@@ -230,6 +230,22 @@ func (h *Holder) expire() {
 	h.cleanup()
 }
 
+// endHold is WithMaxHold's end (see backend.State.Bound): renewal stops,
+// the holder is lost with err at once, then its key is removed if it is
+// still the holder's, so the lease does not linger for a TTL.
+// A Release on its way decides, as with a renewal (see releasing).
+func (h *Holder) endHold(err error) {
+	h.relMu.Lock()
+	defer h.relMu.Unlock()
+	if h.state.Ended() {
+		return // released or lost first
+	}
+	h.dirty.Store(true)
+	h.lose(err) // first: an Extend from now on returns err
+	h.f.rn.remove(h)
+	h.cleanup()
+}
+
 // cleanup removes the holder's key, if it is still the holder's.
 func (h *Holder) cleanup() {
 	ctx, cancel := h.releaseContext()

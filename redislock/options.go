@@ -60,6 +60,10 @@ func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 // renewal loop per factory); the caller then renews with Extend.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
+// WithMaxHold ends a lock d after its Acquire: renewal stops, it is lost
+// with ErrMaxHold and its key removed; see lock.WithMaxHold.
+func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
+
 // WithOwner records who holds the lock (a job or trace id), stored with
 // the lock and shown by Inspect. Default: pid@hostname.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }

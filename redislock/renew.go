@@ -41,6 +41,7 @@ func (r *renewer) add(h *Holder) bool {
 	}
 	r.holders[h] = struct{}{}
 	h.tracked = true
+	h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
 	switch {
 	case !r.running:
 		r.running = true

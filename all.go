@@ -1,0 +1,169 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// AcquireAll takes every one of names from l, all or nothing, and returns
+// them as one Holder.
+//
+// The names are taken one after the other in one canonical order — sorted
+// by bytes, duplicates collapsed (the set {a, b} is the set {b, a, a}) —
+// so that two callers asking for overlapping sets never wait for each
+// other in a cycle, whatever order they list them in. That holds among
+// AcquireAll callers and single-name holders; a caller that already holds
+// one of the names and asks AcquireAll for a set that sorts it later can
+// still wait for itself. l decides how each name is taken: with WithWait,
+// AcquireAll waits for each in turn, all under ctx, which is the one
+// deadline of the whole set; without, the first held name ends it with
+// ErrLocked. If any name cannot be taken, the ones already taken are
+// released before AcquireAll returns, and the error (naming the name, and
+// joined with any release error) matches what l's Acquire returned.
+// An empty set, or an invalid name, is an error before anything is taken.
+//
+// Backends take the names one Acquire at a time; one that can take a set
+// in one round trip may later offer it as a capability AcquireAll uses.
+func AcquireAll(ctx context.Context, l Locker, names ...string) (*MultiHolder, error) {
+	names = slices.Clone(names)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	if len(names) == 0 {
+		return nil, fmt.Errorf("%w: AcquireAll needs at least one name", ErrInvalidName)
+	}
+	for _, name := range names {
+		if err := ValidateName(name); err != nil {
+			return nil, fmt.Errorf("lock: AcquireAll %q: %w", name, err)
+		}
+	}
+	m := &MultiHolder{names: names, holders: make([]Holder, 0, len(names)), done: make(chan struct{}), stop: make(chan struct{})}
+	for _, name := range names {
+		h, err := l.Acquire(ctx, name)
+		if err != nil {
+			errs := []error{fmt.Errorf("lock: AcquireAll %q: %w", name, err)}
+			for _, h := range slices.Backward(m.holders) {
+				errs = append(errs, h.Release())
+			}
+			return nil, errors.Join(errs...)
+		}
+		m.holders = append(m.holders, h)
+	}
+	for i, h := range m.holders {
+		go m.watch(names[i], h)
+	}
+	return m, nil
+}
+
+// A MultiHolder is a set of locks taken together by AcquireAll. It is a
+// Holder: Done closes when any member is lost (or the set is released),
+// and Err then names the member. Member gives each name's own holder, for
+// its fencing token.
+type MultiHolder struct {
+	names   []string // sorted, unique
+	holders []Holder // holders[i] holds names[i]
+	done    chan struct{}
+	stop    chan struct{} // closed by Release: the watches end
+
+	mu        sync.Mutex
+	err       error
+	ended     bool // Done is closed
+	releasing bool // Release began: a member's end is no loss of the set
+
+	once   sync.Once
+	relErr error
+}
+
+// Member returns the holder of name, or nil if name is not in the set.
+func (m *MultiHolder) Member(name string) Holder {
+	if i, ok := slices.BinarySearch(m.names, name); ok {
+		return m.holders[i]
+	}
+	return nil
+}
+
+// Token is the fencing token of the first name in the canonical order,
+// so that a set of one name fences like that name's holder. A resource
+// guarded by another name of the set is fenced with Member(name).Token().
+func (m *MultiHolder) Token() uint64 { return m.holders[0].Token() }
+
+// Done is closed when the set is released or any member is lost.
+func (m *MultiHolder) Done() <-chan struct{} { return m.done }
+
+// Err is nil while every member is held and after a clean Release; once a
+// member is lost it matches ErrLockLost (and what the member's Err
+// matches: the backend's ErrLockLost, ErrMaxHold) and names the member.
+// A member released on its own, outside the set's Release, counts as
+// lost: the set is no longer whole.
+func (m *MultiHolder) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// Release releases every member, in the reverse of the order they were
+// taken, and returns their errors joined: after a loss it matches
+// ErrLockLost. The members still held are freed even when one was lost.
+// It is idempotent.
+func (m *MultiHolder) Release() error {
+	m.once.Do(func() {
+		m.mu.Lock()
+		m.releasing = true
+		m.mu.Unlock()
+		close(m.stop)
+		var errs []error
+		for i, h := range slices.Backward(m.holders) {
+			if err := h.Release(); err != nil {
+				errs = append(errs, fmt.Errorf("lock: release %q: %w", m.names[i], err))
+			}
+		}
+		m.relErr = errors.Join(errs...)
+		// A member lost while its watch was not yet told is a loss too.
+		var lost error
+		for i, h := range m.holders {
+			if err := h.Err(); err != nil {
+				lost = memberLost(m.names[i], err)
+				break
+			}
+		}
+		m.end(lost)
+	})
+	return m.relErr
+}
+
+// watch ends the set when h, the holder of name, ends on its own.
+func (m *MultiHolder) watch(name string, h Holder) {
+	select {
+	case <-h.Done():
+	case <-m.stop:
+		return
+	}
+	m.mu.Lock()
+	releasing := m.releasing
+	m.mu.Unlock()
+	if releasing {
+		return
+	}
+	err := h.Err()
+	if err == nil {
+		err = fmt.Errorf("%w: released on its own", ErrLockLost)
+	}
+	m.end(memberLost(name, err))
+}
+
+// end closes Done, recording err unless the set has ended already.
+func (m *MultiHolder) end(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ended {
+		return
+	}
+	m.ended, m.err = true, err
+	close(m.done)
+}
+
+func memberLost(name string, err error) error {
+	return fmt.Errorf("lock: AcquireAll member %q: %w", name, err)
+}

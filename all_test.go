@@ -1,0 +1,141 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// setLocker is a mutexLocker that records the order of its acquires and
+// refuses the names in busy.
+type setLocker struct {
+	*mutexLocker
+	order []string
+	busy  map[string]bool
+}
+
+func newSetLocker(busy ...string) *setLocker {
+	l := &setLocker{mutexLocker: &mutexLocker{held: map[string]bool{}, tokens: map[string]uint64{}}, busy: map[string]bool{}}
+	for _, b := range busy {
+		l.busy[b] = true
+	}
+	return l
+}
+
+func (l *setLocker) Acquire(ctx context.Context, name string) (lock.Holder, error) {
+	l.order = append(l.order, name)
+	if l.busy[name] {
+		return nil, lock.ErrLocked
+	}
+	return l.mutexLocker.Acquire(ctx, name)
+}
+
+func TestAcquireAllOrderAndMembers(t *testing.T) {
+	l := newSetLocker()
+	m, err := lock.AcquireAll(context.Background(), l, "c", "a", "b", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a", "b", "c"}; !slices.Equal(l.order, want) {
+		t.Fatalf("acquired in order %q; want %q (sorted, duplicates collapsed)", l.order, want)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if h := m.Member(name); h == nil || h.Token() == 0 || !l.held[name] {
+			t.Fatalf("Member(%q) = %v, held %v", name, h, l.held[name])
+		}
+	}
+	if m.Member("d") != nil {
+		t.Fatal("Member of a name not in the set is not nil")
+	}
+	if m.Token() != m.Member("a").Token() {
+		t.Fatal("Token is not the first name's")
+	}
+	if err := m.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.held) != 0 {
+		t.Fatalf("held after Release: %v", l.held)
+	}
+	select {
+	case <-m.Done():
+	default:
+		t.Fatal("Done not closed after Release")
+	}
+	if m.Err() != nil || m.Release() != nil {
+		t.Fatalf("after a clean Release: Err %v", m.Err())
+	}
+}
+
+func TestAcquireAllAllOrNothing(t *testing.T) {
+	l := newSetLocker("b")
+	m, err := lock.AcquireAll(context.Background(), l, "c", "b", "a")
+	if err == nil {
+		m.Release()
+		t.Fatal("AcquireAll with a held member succeeded")
+	}
+	if !errors.Is(err, lock.ErrLocked) || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("err = %v; want ErrLocked naming b", err)
+	}
+	if len(l.held) != 0 {
+		t.Fatalf("held after a failed AcquireAll: %v", l.held)
+	}
+	if !slices.Equal(l.order, []string{"a", "b"}) {
+		t.Fatalf("acquired %q; want to stop at the first failure", l.order)
+	}
+	for _, bad := range [][]string{nil, {"a", ""}} {
+		if _, err := lock.AcquireAll(context.Background(), l, bad...); !errors.Is(err, lock.ErrInvalidName) {
+			t.Errorf("AcquireAll(%q) = %v; want ErrInvalidName", bad, err)
+		}
+	}
+}
+
+func TestAcquireAllMemberLoss(t *testing.T) {
+	stubs := map[string]*stub{"a": newStub(), "b": newStub()}
+	l := lock.LockerFunc(func(_ context.Context, name string) (lock.Holder, error) { return stubs[name], nil })
+	m, err := lock.AcquireAll(context.Background(), l, "a", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := lock.KeepAlive(context.Background(), m, time.Hour)
+	defer stop()
+	stubs["b"].state.Lose(errToyLost)
+	<-m.Done()
+	<-ctx.Done()
+	for _, err := range []error{m.Err(), context.Cause(ctx)} {
+		if !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, errToyLost) || !strings.Contains(err.Error(), `"b"`) {
+			t.Fatalf("err = %v; want the loss of b", err)
+		}
+	}
+	m.Release()
+	if stubs["a"].released != 1 || stubs["b"].released != 1 {
+		t.Fatal("Release after a loss did not release every member")
+	}
+	// A member released behind the set's back ends it too.
+	stubs = map[string]*stub{"a": newStub(), "b": newStub()}
+	m, _ = lock.AcquireAll(context.Background(), l, "a", "b")
+	m.Member("a").Release()
+	<-m.Done()
+	if !errors.Is(m.Err(), lock.ErrLockLost) {
+		t.Fatalf("err = %v; want ErrLockLost", m.Err())
+	}
+}
+
+func TestWithMaxHoldOption(t *testing.T) {
+	o, err := lock.Apply(lock.Options{}, lock.WithMaxHold(time.Minute))
+	if err != nil || o.MaxHold != time.Minute {
+		t.Fatalf("%+v %v", o, err)
+	}
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, err := lock.Apply(lock.Options{}, lock.WithMaxHold(d)); !errors.Is(err, lock.ErrInvalidOption) {
+			t.Errorf("WithMaxHold(%v) = %v; want ErrInvalidOption", d, err)
+		}
+	}
+	if !errors.Is(lock.ErrMaxHold, lock.ErrLockLost) || lock.OutcomeOf(lock.ErrMaxHold) != lock.OutcomeLost {
+		t.Fatal("ErrMaxHold is not a loss")
+	}
+}
