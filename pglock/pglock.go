@@ -95,6 +95,8 @@ type Factory struct {
 
 	setupMu   sync.Mutex
 	setupDone bool
+	refused   error // the server cannot hold session locks (see setup); guarded by setupMu
+	txReady   bool  // AcquireInTx's setup is done (see txSetup); guarded by setupMu
 
 	mu      sync.Mutex
 	closed  bool
