@@ -173,3 +173,33 @@ func TestPgBouncerSessionModeConformance(t *testing.T) {
 		Name: "pglock",
 	})
 }
+
+// Through session pooling, a factory's Close frees its locks on the server:
+// the client connection ends and PgBouncer resets the server connection
+// (server_reset_query, DISCARD ALL) before another client gets it.
+func TestPgBouncerSessionModeCloseFrees(t *testing.T) {
+	direct := newPool(t)
+	pool := bouncerPool(t, "session")
+	name := uniq(t)
+	f := newFactory(t, pool)
+	h, err := f.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pids := heldBy(t, direct, name); len(pids) != 1 || uint32(pids[0]) != h.BackendPID() {
+		t.Fatalf("held by %v; want backend %d", pids, h.BackendPID())
+	}
+	f.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(heldBy(t, direct, name)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock is still held on the server 30s after Close")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h2, err := newFactory(t, pool).Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+	h2.Release()
+}
