@@ -3,6 +3,7 @@ package pglock_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,4 +203,42 @@ func TestPgBouncerSessionModeCloseFrees(t *testing.T) {
 		t.Fatalf("Acquire after Close: %v", err)
 	}
 	h2.Release()
+}
+
+// Inspect and List run on pool connections, which for AcquireInTx's users
+// reach the server through a transaction pooler: they prepare nothing
+// (pgx's statement cache failed there with 42P05 and 26000 when several
+// clients shared the server connections).
+func TestPgBouncerTransactionModeInspect(t *testing.T) {
+	pool := bouncerPool(t, "transaction")
+	name := uniq(t)
+	tx := begin(t, pool)
+	h, err := newFactory(t, pool).AcquireInTx(ctxT(t), tx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		f := newFactory(t, pool)
+		wg.Go(func() {
+			for range 20 {
+				info, err := f.Inspect(ctxT(t), name)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(info.Holders) != 1 || info.Holders[0].Metadata["pg.pid"] != strconv.Itoa(int(h.BackendPID())) {
+					t.Errorf("Inspect: %+v; want the transaction's backend %d", info, h.BackendPID())
+					return
+				}
+				for _, err := range f.List(ctxT(t), name) {
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
