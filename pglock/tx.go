@@ -50,9 +50,10 @@ func (h *TxHolder) BackendPID() uint32 { return h.pid }
 // queue of the name until it is granted or ctx (or the wait timeout)
 // ends. ctx ending during the statement cancels it on the server: the
 // error then matches ctx.Err() (and ErrLocked, with WithWait) and tx is
-// aborted, so roll it back (if the cancel cannot be sent, tx's connection
-// is closed). A grant that races the cancel is returned as a success,
-// held like any other.
+// aborted (if the cancel cannot be sent, tx's connection is closed); a ctx
+// that ended before the statement was sent leaves tx as it was. Either
+// way, roll tx back. A grant that races the cancel is returned as a
+// success, held like any other.
 //
 // The lock is re-entrant within tx, as Postgres's transaction locks are:
 // a second AcquireInTx of the name in the same transaction succeeds too,
