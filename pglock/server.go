@@ -72,7 +72,9 @@ const poolerRounds = 3
 // happens to give each its old backend back; the check every lock session
 // makes at each statement (see checkPID) is then the guard left. Every
 // statement is in the simple protocol, which a transaction pooler passes:
-// 1 + 2 × poolerRounds round trips, once per factory.
+// 3 × poolerRounds round trips, once per factory. (The other connection's
+// ROLLBACK is a message of its own: sent with the next BEGIN it would keep
+// that connection on one backend for every round.)
 func (f *Factory) checkPooler(ctx context.Context, c *pgx.Conn, pid int32) error {
 	pc, err := f.poolConn(ctx, "checking for a transaction-mode pooler")
 	if err != nil {
