@@ -80,7 +80,7 @@ func TestPgBouncerTransactionModeRefused(t *testing.T) {
 			t.Fatalf("call %d: %v; want an error matching ErrSessionChanged and not ErrLocked", i, err)
 		}
 		if n := advisoryKeysHeld(t, direct, name, sem); n != 0 {
-			t.Fatalf("call %d: the server holds %d advisory locks of the names after the refusal", i, n)
+			t.Fatalf("call %d: the server holds %d advisory locks of the names after the refusal (%v)", i, n, err)
 		}
 	}
 	f1.Close()

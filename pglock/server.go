@@ -62,19 +62,19 @@ const poolerRounds = 3
 // transactions, as behind PgBouncer in pool_mode=transaction, before any
 // lock is taken on it: c, the factory's first lock session, has just
 // answered from backend pid, in a transaction of its own. Another pool
-// connection, in a transaction so that it keeps its backend, asks for its
-// backend pid, and then c asks again. On session-mode connections the
-// other's backend is never c's, and c's never changes. Behind a
-// transaction pooler, which hands an idle server connection to the next
-// transaction (PgBouncer: the one used last, by default), the other gets
-// c's backend, or, when other clients took that one meanwhile, c gets
-// another. It can miss, poolerRounds times in a row, when a busy pooler
-// happens to give each its old backend back; the check every lock session
-// makes at each statement (see checkPID) is then the guard left. Every
-// statement is in the simple protocol, which a transaction pooler passes:
-// 3 × poolerRounds round trips, once per factory. (The other connection's
-// ROLLBACK is a message of its own: sent with the next BEGIN it would keep
-// that connection on one backend for every round.)
+// connection starts a transaction, so that it keeps a backend, and asks
+// for its pid; c asks for its own; the other ends its transaction; c asks
+// again. On session-mode connections the other's backend is never c's,
+// and c's never changes. A transaction pooler hands an idle server
+// connection to the next transaction (PgBouncer: the one released last,
+// by default): the other gets the one c just used, or c gets another while
+// the other holds its own, or c then gets the one the other just released.
+// It can miss, poolerRounds times in a row, when other clients of a busy
+// pooler take and release server connections in between so that each
+// gets its old one back; the check every lock session makes at each
+// statement (see checkPID) is then the guard left. Every statement is in
+// the simple protocol, which a transaction pooler passes: 4 × poolerRounds
+// round trips, once per factory.
 func (f *Factory) checkPooler(ctx context.Context, c *pgx.Conn, pid int32) error {
 	pc, err := f.poolConn(ctx, "checking for a transaction-mode pooler")
 	if err != nil {
@@ -83,6 +83,11 @@ func (f *Factory) checkPooler(ctx context.Context, c *pgx.Conn, pid int32) error
 	defer pc.Release() // a connection left in a transaction is closed by the pool
 	oc := pc.Conn().PgConn()
 	fail := func(err error) error { return fmt.Errorf("pglock: checking for a transaction-mode pooler: %w", err) }
+	mine := func() (int32, error) {
+		var p int32
+		err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&p)
+		return p, err
+	}
 	for range poolerRounds {
 		res, err := oc.Exec(ctx, "BEGIN; SELECT pg_backend_pid()").ReadAll()
 		if err == nil && (len(res) != 2 || len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 1) {
@@ -95,15 +100,19 @@ func (f *Factory) checkPooler(ctx context.Context, c *pgx.Conn, pid int32) error
 		if err != nil {
 			return fail(err)
 		}
-		var again int32
-		if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&again); err != nil {
+		during, err := mine()
+		if err != nil {
 			return fail(err)
-		}
-		if int32(other) == pid || again != pid {
-			return fmt.Errorf("%w: refused before any lock was taken: the connection's backend changed between transactions (%d, then %d; another connection got %d), as behind PgBouncer's pool_mode=transaction; use a session-mode pool, or AcquireInTx", ErrSessionChanged, pid, again, other)
 		}
 		if _, err := oc.Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
 			return fail(err)
+		}
+		after, err := mine()
+		if err != nil {
+			return fail(err)
+		}
+		if int32(other) == pid || during != pid || after != pid {
+			return fmt.Errorf("%w: refused before any lock was taken: the connection's backend changed between transactions (%d, then %d and %d; another connection got %d), as behind PgBouncer's pool_mode=transaction; use a session-mode pool, or AcquireInTx", ErrSessionChanged, pid, during, after, other)
 		}
 	}
 	return nil
