@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -79,6 +81,35 @@ func ExampleFactory_Acquire() {
 	}
 	defer h.Release()
 	fmt.Println("permit", h.Token(), "held by backend", h.BackendPID())
+}
+
+// A migration that holds its lock in its own transaction: taken inside
+// it, released by its COMMIT (or ROLLBACK), so it also works where the
+// only way to Postgres is a transaction-mode pooler such as PgBouncer with
+// pool_mode=transaction.
+func ExampleFactory_AcquireInTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN()) // your database
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	locks := pglock.NewFactory(pool)
+	defer locks.Close()
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		h, err := locks.AcquireInTx(ctx, tx, "schema-migrations", pglock.WithWait())
+		if err != nil {
+			return err
+		}
+		fmt.Println("migrating under", h.Name(), "with a token:", h.Token() > 0)
+		_, err = tx.Exec(ctx, "CREATE TEMPORARY TABLE pglock_example (id int) ON COMMIT DROP")
+		return err
+	}) // the COMMIT releases the lock
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output: migrating under schema-migrations with a token: true
 }
 
 // An administrator can create pglock's objects ahead of time for a role

@@ -45,7 +45,9 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		lim        int32
 		rowNS, row string
 	)
-	err = pc.QueryRow(ctx, f.st.inspectLimit, k.limit).Scan(&lim, &rowNS, &row)
+	// Unnamed statements (see readMode): pool connections may reach the
+	// server through a transaction-mode pooler.
+	err = pc.QueryRow(ctx, f.st.inspectLimit, readMode, k.limit).Scan(&lim, &rowNS, &row)
 	switch {
 	case err == nil && rowNS == prefix && row == name:
 		limit = int(lim)
@@ -62,7 +64,7 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		keys = append(keys, key)
 		slots[key] = i
 	}
-	rows, err := pc.Query(ctx, f.st.inspect, keys)
+	rows, err := pc.Query(ctx, f.st.inspect, readMode, keys)
 	if err != nil {
 		return info, fmt.Errorf("pglock: inspect: %w", err)
 	}
@@ -166,7 +168,7 @@ func (f *Factory) listPage(ctx context.Context, ns, prefix, after string) ([]str
 		return nil, err
 	}
 	defer pc.Release()
-	rows, err := pc.Query(ctx, f.st.list, ns, prefix, after, lock.ListPageSize)
+	rows, err := pc.Query(ctx, f.st.list, readMode, ns, prefix, after, lock.ListPageSize)
 	if err != nil {
 		if isUndefined(err) {
 			return nil, nil // nothing was ever locked in this schema
@@ -182,6 +184,13 @@ func (f *Factory) listPage(ctx context.Context, ns, prefix, after string) ([]str
 	}
 	return names, nil
 }
+
+// readMode is how Inspect and List run their statements on pool
+// connections: unnamed (one round trip, nothing prepared), so that they
+// work behind a transaction-mode pooler too, where AcquireInTx's users
+// are; pgx's statement cache would prepare a statement on one server
+// connection and run it on another.
+const readMode = pgx.QueryExecModeExec
 
 func isUndefined(err error) bool {
 	var pgErr *pgconn.PgError

@@ -56,7 +56,8 @@ func TestKeyMatchesSQL(t *testing.T) {
 }
 
 // A lock session that answers from another backend (as behind a
-// transaction-mode pooler) is treated as lost.
+// transaction-mode pooler the first Acquire's check missed) is treated as
+// lost, and the factory refuses every later Acquire.
 func TestBackendChangeIsLoss(t *testing.T) {
 	pool := testPool(t)
 	f := NewFactory(pool, WithSessions(1), WithLogger(nil), WithHealthInterval(time.Hour))
@@ -77,12 +78,13 @@ func TestBackendChangeIsLoss(t *testing.T) {
 	if !errors.Is(h.Err(), ErrLockLost) || !errors.Is(h.Err(), ErrSessionChanged) {
 		t.Fatalf("holder Err = %v", h.Err())
 	}
-	// The next call uses a fresh session.
-	h2, err := f.Acquire(ctx, t.Name())
-	if err != nil {
-		t.Fatal(err)
+	// The next call is refused too, without a session.
+	if _, err := f.Acquire(ctx, t.Name()); !errors.Is(err, ErrSessionChanged) {
+		t.Fatalf("Acquire after the switch = %v; want ErrSessionChanged", err)
 	}
-	h2.Release()
+	if n := f.open.Load(); n != 0 {
+		t.Fatalf("%d lock sessions open after the refusal", n)
+	}
 }
 
 // A factory nobody closes gives its lock sessions up once they are unused.

@@ -25,10 +25,14 @@
 // # Guarantees and assumptions
 //
 //   - Mutual exclusion holds while every contender talks to the same
-//     PostgreSQL primary over session-mode connections. A transaction-mode
-//     pooler (PgBouncer pool_mode=transaction) breaks session locks; pglock
-//     notices when the backend pid of a lock session changes and treats
-//     every lock on it as lost, but cannot detect every such setup.
+//     PostgreSQL primary over session-mode connections, or takes the lock
+//     in a transaction (AcquireInTx). A transaction-mode pooler (PgBouncer
+//     pool_mode=transaction) breaks session locks: the first Acquire checks
+//     for one before it takes anything and refuses it (ErrSessionChanged),
+//     as it refuses CockroachDB, whose advisory locks lock nothing
+//     (ErrNoAdvisoryLocks). A busy pooler can slip past the check; a lock
+//     session that then answers from another backend is closed, its locks
+//     are lost, and the factory refuses every later Acquire.
 //   - Tokens come from a counter in the same statement that takes the lock:
 //     strictly increasing per name (and across names), durable across
 //     client and server restarts (the counter runs in the range of an epoch
@@ -68,9 +72,12 @@ var (
 	// ErrPoolExhausted: the factory needed a new lock session or listener
 	// and the pool gave no connection within WithConnectTimeout.
 	ErrPoolExhausted = errors.New("pglock: no pool connection for a lock session")
-	// ErrSessionChanged: a lock session answered from another backend than
-	// the one it started on, as behind a transaction-mode pooler. Holders on
-	// it lose their locks with an error matching both this and ErrLockLost.
+	// ErrSessionChanged: a transaction-mode pooler is in the way. The
+	// factory's first Acquire refuses one it detects, before any lock is
+	// taken; a lock session that later answers from another backend than
+	// the one it started on is closed, and its holders lose their locks
+	// with an error matching both this and ErrLockLost. Either way every
+	// later Acquire of the factory fails with it. AcquireInTx still works.
 	ErrSessionChanged = errors.New("pglock: the backend of a lock session changed; session advisory locks need a session-mode connection (is a transaction-mode pooler such as PgBouncer in between?)")
 	// ErrKeyCollision: two different names map to the same advisory key
 	// (probability about 2^-64 per pair); use another name or prefix.
@@ -95,6 +102,8 @@ type Factory struct {
 
 	setupMu   sync.Mutex
 	setupDone bool
+	refused   error // the server cannot hold session locks (see setup); guarded by setupMu
+	txReady   bool  // AcquireInTx's setup is done (see txSetup); guarded by setupMu
 
 	mu      sync.Mutex
 	closed  bool

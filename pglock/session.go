@@ -96,6 +96,9 @@ func (s *session) use(ctx context.Context, fn func(sc *sessionConn) error) error
 // never goes back to it), named for operators, with the pglock objects in
 // place. sem is held.
 func (s *session) open(ctx context.Context) error {
+	if err := s.f.refusal(); err != nil {
+		return err
+	}
 	c, err := s.f.hijack(ctx)
 	if err != nil {
 		return err
@@ -103,16 +106,21 @@ func (s *session) open(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.set.stmtTimeout)
 	defer cancel()
 	var pid int32
-	var syncCommit string
-	err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false)",
-		pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil)
+	var syncCommit, version string
+	// Simple protocol until the server is known to be one pglock works
+	// with (see setup): no prepared statement behind a transaction pooler.
+	err = checkVersion(c.PgConn().ParameterStatus("crdb_version"))
+	if err == nil {
+		err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false), version()",
+			pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version)
+	}
+	if err == nil {
+		err = s.f.setup(sctx, c, pid, version)
+	}
 	if err == nil && syncCommit == "off" {
 		// A new token epoch must be flushed before its range is used: a
 		// commit that is visible must be durable.
 		_, err = c.Exec(sctx, "SET synchronous_commit = local")
-	}
-	if err == nil {
-		err = s.f.setup(sctx, c)
 	}
 	if err == nil {
 		// Rows of sessions that ended (Inspect ignores them anyway).
@@ -141,18 +149,28 @@ func (s *session) open(ctx context.Context) error {
 	return nil
 }
 
-// setup makes sure the schema objects exist, once per factory.
-func (f *Factory) setup(ctx context.Context, c *pgx.Conn) error {
+// setup checks the server, and makes sure the schema objects exist, once
+// per factory, on the first lock session c (backend pid, version()). A
+// server pglock cannot work with is refused for good (see refusal).
+func (f *Factory) setup(ctx context.Context, c *pgx.Conn, pid int32, version string) error {
 	f.setupMu.Lock()
 	defer f.setupMu.Unlock()
-	if f.setupDone {
-		return nil
+	if f.refused != nil || f.setupDone {
+		return f.refused
 	}
-	if err := ensureObjects(ctx, c, f.st); err != nil {
+	err := checkVersion(version)
+	if err == nil {
+		err = f.checkPooler(ctx, c, pid)
+	}
+	if errors.Is(err, ErrNoAdvisoryLocks) || errors.Is(err, ErrSessionChanged) {
+		f.refused = err
 		return err
 	}
-	f.setupDone = true
-	return nil
+	if err == nil {
+		err = ensureObjects(ctx, c, f.st)
+	}
+	f.setupDone = err == nil
+	return err
 }
 
 // hijack takes a connection out of the pool for good (see poolConn).
@@ -202,12 +220,15 @@ func (sc *sessionConn) queryRow(sql string, args ...any) pgx.Row {
 }
 
 // checkPID fails the session if the statement ran on another backend than
-// the one the session started on: its locks are not where we left them.
+// the one the session started on: its locks are not where we left them,
+// and the factory refuses every later Acquire (see refuse).
 func (sc *sessionConn) checkPID(pid int32) error {
 	if uint32(pid) == sc.s.pid {
 		return nil
 	}
-	return sc.fail(fmt.Errorf("%w (backend %d, then %d)", ErrSessionChanged, sc.s.pid, pid))
+	err := fmt.Errorf("%w (backend %d, then %d)", ErrSessionChanged, sc.s.pid, pid)
+	sc.s.f.refuse(err)
+	return sc.fail(err)
 }
 
 // clean reports whether err is a server error that left the session
@@ -225,6 +246,13 @@ func (sc *sessionConn) clean(err error) bool {
 // held for anyone else on this session); if that fails too, or the error
 // was not a clean server error, the session is closed.
 func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
+	if pooled(err) {
+		// Nothing ran here, and what the session holds is on another
+		// backend: closing the session is all that can be done.
+		err = fmt.Errorf("%w: %w", ErrSessionChanged, err)
+		sc.s.f.refuse(err)
+		return sc.fail(err)
+	}
 	err = fmt.Errorf("pglock: acquire: %w", err)
 	if len(keys) == 0 && mark == 0 && sc.clean(err) {
 		return err
@@ -240,14 +268,28 @@ func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
 // acquire wrote one (pub). Rare: a few round trips.
 func (sc *sessionConn) newToken(v, key int64, pub bool) (int64, error) {
 	f := sc.s.f
+	tok, err := f.freshToken(v, sc.queryRow, sc.checkPID)
+	if err == nil && pub && tok != v {
+		if _, err := sc.c.Exec(sc.ctx, f.st.retoken, key, v, tok); err != nil {
+			return 0, fmt.Errorf("pglock: new token epoch: %w", err)
+		}
+	}
+	return tok, err
+}
+
+// freshToken is newToken's reading and moving of the epoch, with query
+// running each statement (on a lock session, or on the pool for
+// AcquireInTx: a new epoch must commit on its own) and check checking the
+// backend pid it answers with.
+func (f *Factory) freshToken(v int64, query func(sql string, args ...any) pgx.Row, check func(pid int32) error) (int64, error) {
 	var (
 		e   int64
 		pid int32
 	)
-	if err := sc.queryRow(f.st.epoch).Scan(&e, &pid); err != nil {
+	if err := query(f.st.epoch).Scan(&e, &pid); err != nil {
 		return 0, fmt.Errorf("pglock: token epoch: %w", err)
 	}
-	if err := sc.checkPID(pid); err != nil {
+	if err := check(pid); err != nil {
 		return 0, err
 	}
 	f.seeEpoch(e)
@@ -255,23 +297,18 @@ func (sc *sessionConn) newToken(v, key int64, pub bool) (int64, error) {
 		return v, nil
 	}
 	for i := 0; i < 5; i++ {
-		if err := sc.queryRow(f.st.rebase).Scan(&pid); err != nil {
+		if err := query(f.st.rebase).Scan(&pid); err != nil {
 			return 0, fmt.Errorf("pglock: new token epoch: %w", err)
 		}
 		var tok int64
-		if err := sc.queryRow(f.st.token).Scan(&tok, &e, &pid); err != nil {
+		if err := query(f.st.token).Scan(&tok, &e, &pid); err != nil {
 			return 0, fmt.Errorf("pglock: new token epoch: %w", err)
 		}
-		if err := sc.checkPID(pid); err != nil {
+		if err := check(pid); err != nil {
 			return 0, err
 		}
 		f.seeEpoch(e)
 		if tok > 0 && f.validToken(tok) {
-			if pub {
-				if _, err := sc.c.Exec(sc.ctx, f.st.retoken, key, v, tok); err != nil {
-					return 0, fmt.Errorf("pglock: new token epoch: %w", err)
-				}
-			}
 			return tok, nil
 		}
 	}

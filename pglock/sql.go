@@ -56,6 +56,7 @@ type statements struct {
 
 	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub string
 	mutexWait, mutexWaitPub                                      string
+	txTry, txWait                                                string
 	semAcquire, semRelease, relimit                              string
 	epoch, rebase, token, retoken                                string
 	unlock, inspectLimit, inspect                                string
@@ -81,6 +82,18 @@ func newStatements(schema string) *statements {
 	// true once granted), so the token is still taken in the statement
 	// that got the lock.
 	wait := strings.Replace(try, "pg_try_advisory_lock($1::int8)", "length(pg_advisory_lock($1::int8)::text) = 0", 1)
+	// In the caller's transaction (AcquireInTx): the mutex key as a
+	// transaction lock, then the semaphore check on the marker key as a
+	// session lock given back in the same expression (a transaction lock
+	// on it would stall semaphore acquirers until the transaction ends),
+	// then the counter. The same results; after -2 the transaction keeps
+	// the mutex key, which it cannot give back, until it ends.
+	const txTry = `CASE WHEN pg_try_advisory_xact_lock($1::int8) THEN
+			CASE WHEN NOT pg_try_advisory_lock($2::int8) THEN -2
+			WHEN pg_advisory_unlock($2::int8) THEN nextval(@ctr@::regclass) ELSE -3 END
+		ELSE -1 END`
+	txTryQ := strings.ReplaceAll(txTry, "@ctr@", lit(q("pglock_token_counter")))
+	txWaitQ := strings.Replace(txTryQ, "pg_try_advisory_xact_lock($1::int8)", "length(pg_advisory_xact_lock($1::int8)::text) = 0", 1)
 	pub := func(try string) string {
 		return `WITH a AS (SELECT ` + try + ` AS tok),
 			i AS (INSERT INTO ` + q("pglock_holders") + ` (key, token, ns, name, slot, lim, pid, since, owner, metadata)
@@ -113,6 +126,8 @@ func newStatements(schema string) *statements {
 		// referenced twice, so it runs once.
 		mutexAcquirePub: pub(try),
 		mutexWait:       `SELECT ` + wait + `, pg_backend_pid()`,
+		txTry:           `SELECT ` + txTryQ + `, pg_backend_pid()`,
+		txWait:          `SELECT ` + txWaitQ + `, pg_backend_pid()`,
 		mutexWaitPub:    pub(wait),
 		// Unlock, then NOTIFY only if another session has a waiter for the
 		// name (holds the waiters key shared, so the exclusive try fails),
@@ -403,7 +418,7 @@ func ensureObjects(ctx context.Context, c *pgx.Conn, st *statements) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// A transaction lock: whatever happens, it ends with the transaction.
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", setupKey(st.schema)); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", pgx.QueryExecModeSimpleProtocol, setupKey(st.schema)); err != nil {
 		return fmt.Errorf("pglock: creating pglock objects: %w", err)
 	}
 	if _, err := tx.Exec(ctx, SetupSQL(st.schema), pgx.QueryExecModeSimpleProtocol); err != nil {

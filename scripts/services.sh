@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# scripts/services.sh — private PostgreSQL, Redis and etcd servers for the
-# ubgo/lock tests, on ports of their own, with their data in a cache
+# scripts/services.sh — private PostgreSQL, Redis and etcd servers, and a
+# PgBouncer in front of that PostgreSQL, for the ubgo/lock tests, on ports of their own, with their data in a cache
 # directory. It never reconfigures, restarts or stops a server it did not
 # start: the machine's own Postgres, Redis or etcd are left alone.
 #
 # Usage:
-#   scripts/services.sh [up]                      start (or reuse) all three
-#   scripts/services.sh up postgres|redis|etcd    just those (several allowed)
-#   scripts/services.sh down [postgres|redis|etcd] stop ours (all by default)
+#   scripts/services.sh [up]                      start (or reuse) all four
+#   scripts/services.sh up postgres|redis|etcd|pgbouncer
+#                                                 just those (several allowed)
+#   scripts/services.sh down [postgres|redis|etcd|pgbouncer]
+#                                                 stop ours (all by default)
 #   scripts/services.sh status                    "<service>: up|down|external ..."
 #                                                 (exit 0 if all managed ones are up)
 #   scripts/services.sh etcd-bin                  print the etcd binary path
@@ -18,15 +20,19 @@
 #   postgres  127.0.0.1:25432  user postgres, trust auth, database "test"
 #   redis     127.0.0.1:26379  no persistence
 #   etcd      127.0.0.1:22379 (client), 127.0.0.1:22380 (peer)
+#   pgbouncer 127.0.0.1:26432  in front of our postgres, trust auth: database
+#             "session" is its database "test" in pool_mode=session,
+#             "transaction" the same in pool_mode=transaction
 #
 # Data, logs and pid files live under $LOCK_SERVICES_DIR, by default
 # /var/cache/ubgo-lock as root (the cluster runs as the postgres user, who
 # cannot reach /root) and ${XDG_CACHE_HOME:-$HOME/.cache}/ubgo-lock otherwise.
 # Missing server packages are installed with apt-get (as root).
 #
-# A LOCK_TEST_POSTGRES_DSN / LOCK_TEST_REDIS_ADDR / LOCK_TEST_ETCD_ENDPOINTS
-# that names another server leaves that service alone: not started, not
-# touched.
+# A LOCK_TEST_POSTGRES_DSN / LOCK_TEST_REDIS_ADDR / LOCK_TEST_ETCD_ENDPOINTS /
+# LOCK_TEST_PGBOUNCER_ADDR that names another server leaves that service
+# alone: not started, not touched. Our PgBouncer serves only our PostgreSQL,
+# so it is not started either when LOCK_TEST_POSTGRES_DSN names another.
 #
 # Status lines go to stderr; only `status` and `etcd-bin` write to stdout.
 # Daemons are started with all stdio redirected to files so they never hold a
@@ -39,6 +45,7 @@ PG_DB=test
 REDIS_PORT=26379
 ETCD_CLIENT_PORT=22379
 ETCD_PEER_PORT=22380
+PGB_PORT=26432
 
 # pglock's scale test holds 10,000 advisory locks at once while other
 # packages' tests hold theirs; the shared lock table has room for about
@@ -70,6 +77,10 @@ ETCD_DIR=$DIR/etcd
 ETCD_DATA=$ETCD_DIR/data
 ETCD_PID_FILE=$ETCD_DIR/etcd.pid
 ETCD_LOG=$ETCD_DIR/etcd.log
+PGB_DIR=$DIR/pgbouncer
+PGB_INI=$PGB_DIR/pgbouncer.ini
+PGB_PID_FILE=$PGB_DIR/pgbouncer.pid
+PGB_LOG=$PGB_DIR/pgbouncer.log
 APT_LOG=$DIR/apt.log
 LOCK_FILE=$DIR/services.lock
 
@@ -219,6 +230,13 @@ etcd_external() {
 		is_ours "$HP_HOST" "$HP_PORT" "$ETCD_CLIENT_PORT" || return 0
 	done
 	return 1
+}
+
+pgbouncer_external() {
+	local addr=${LOCK_TEST_PGBOUNCER_ADDR:-}
+	[[ -z "$addr" ]] && return 1
+	split_hostport "$addr"
+	! is_ours "$HP_HOST" "$HP_PORT" "$PGB_PORT"
 }
 
 # ------------------------------------------------------------------ postgres
@@ -601,6 +619,129 @@ down_etcd() {
 	log "etcd: stopped (pid $pid)"
 }
 
+# ----------------------------------------------------------------- pgbouncer
+
+# as_owner CMD... — run CMD as the postgres user when we are root (pgbouncer
+# refuses root), else as ourselves; in the current directory.
+as_owner() {
+	if [[ $EUID -eq 0 ]]; then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+pgb_pid() {
+	local pid
+	pid=$(pid_from "$PGB_PID_FILE")
+	our_pid "$pid" pgbouncer "$PGB_DIR" && printf '%s\n' "$pid"
+}
+
+# pgb_wait SECONDS — until ours accepts connections; fails early if it died.
+pgb_wait() {
+	local i
+	for ((i = 0; i < $1 * 5; i++)); do
+		pgb_pid >/dev/null && tcp_open "$PGB_PORT" && return 0
+		if ((i % 5 == 4)) && ! pgb_pid >/dev/null; then
+			return 1
+		fi
+		sleep 0.2
+	done
+	return 1
+}
+
+# pgb_write_conf — our configuration; succeeds if it changed. Two entries
+# for one database: the session-mode pool is as large as a session test run
+# needs (a client holds its server connection until it disconnects), the
+# transaction-mode pool small, as such pools are.
+pgb_write_conf() {
+	local tmp
+	tmp=$(mktemp)
+	cat >"$tmp" <<-EOF
+		; Written by scripts/services.sh at every 'up'; edits are overwritten.
+		[databases]
+		session = host=127.0.0.1 port=$PG_PORT dbname=$PG_DB user=postgres pool_mode=session pool_size=60
+		transaction = host=127.0.0.1 port=$PG_PORT dbname=$PG_DB user=postgres pool_mode=transaction pool_size=10
+
+		[pgbouncer]
+		listen_addr = 127.0.0.1
+		listen_port = $PGB_PORT
+		unix_socket_dir =
+		auth_type = trust
+		auth_file = $PGB_DIR/userlist.txt
+		admin_users = postgres
+		pidfile = $PGB_PID_FILE
+		logfile = $PGB_LOG
+		max_client_conn = 500
+	EOF
+	echo '"postgres" ""' | as_owner tee "$PGB_DIR/userlist.txt" >/dev/null
+	if cmp -s "$tmp" "$PGB_INI"; then
+		rm -f "$tmp"
+		return 1
+	fi
+	as_owner tee "$PGB_INI" <"$tmp" >/dev/null
+	rm -f "$tmp"
+}
+
+up_pgbouncer() {
+	if pgbouncer_external; then
+		log "pgbouncer: LOCK_TEST_PGBOUNCER_ADDR names another server, leaving it alone"
+		return 0
+	fi
+	if postgres_external; then
+		log "pgbouncer: LOCK_TEST_POSTGRES_DSN names another server, so ours (which serves only our postgres) is not started; set LOCK_TEST_PGBOUNCER_ADDR to a PgBouncer in front of yours"
+		return 0
+	fi
+	local bin what=started changed=0
+	bin=$(command -v pgbouncer 2>/dev/null || true)
+	[[ -z "$bin" && -x /usr/sbin/pgbouncer ]] && bin=/usr/sbin/pgbouncer
+	if [[ -z "$bin" ]]; then
+		apt_install pgbouncer
+		bin=/usr/sbin/pgbouncer
+	fi
+	[[ -x "$bin" ]] || die "pgbouncer: installed but no pgbouncer binary"
+	mkdir -p "$PGB_DIR"
+	if [[ $EUID -eq 0 ]]; then
+		id postgres >/dev/null 2>&1 || die "pgbouncer: no postgres user to run it as (it comes with the postgresql package)"
+		chown postgres: "$PGB_DIR"
+	fi
+	pgb_write_conf && changed=1
+	if pgb_pid >/dev/null; then
+		if ((changed == 0)); then
+			pgb_wait 15 || die "pgbouncer: ours (pid $(pgb_pid)) does not accept connections on 127.0.0.1:$PGB_PORT (log: $PGB_LOG)"
+			log "pgbouncer: already running on 127.0.0.1:$PGB_PORT (pid $(pgb_pid))"
+			return 0
+		fi
+		log "pgbouncer: our configuration changed, restarting it"
+		stop_pid "$(pgb_pid)" pgbouncer
+		what=restarted
+	fi
+	tcp_open "$PGB_PORT" && die "pgbouncer: 127.0.0.1:$PGB_PORT is in use by another program; free it, or point LOCK_TEST_PGBOUNCER_ADDR at a PgBouncer of your choosing"
+	rm -f "$PGB_PID_FILE"
+	# In the foreground of a session of its own, started in its directory,
+	# which is how pgb_pid recognises it; it writes its pid file itself.
+	local -a run=("$bin" -q "$PGB_INI")
+	[[ $EUID -eq 0 ]] && run=(runuser -u postgres -- "${run[@]}")
+	(cd "$PGB_DIR" && exec setsid nohup "${run[@]}" </dev/null >>"$PGB_DIR/pgbouncer.out" 2>&1 9>&-) &
+	if pgb_wait 15; then
+		log "pgbouncer: $what on 127.0.0.1:$PGB_PORT (pid $(pgb_pid), log $PGB_LOG)"
+		return 0
+	fi
+	tail -n 20 "$PGB_LOG" >&2 || true
+	die "pgbouncer: not accepting connections on 127.0.0.1:$PGB_PORT within 15 s (log: $PGB_LOG)"
+}
+
+down_pgbouncer() {
+	local pid
+	if ! pid=$(pgb_pid); then
+		log "pgbouncer: not running"
+		return 0
+	fi
+	stop_pid "$pid" pgbouncer
+	rm -f "$PGB_PID_FILE"
+	log "pgbouncer: stopped (pid $pid)"
+}
+
 # -------------------------------------------------------------------- status
 
 cmd_status() {
@@ -630,6 +771,16 @@ cmd_status() {
 		echo "etcd: down"
 		down=1
 	fi
+	if pgbouncer_external; then
+		echo "pgbouncer: external (LOCK_TEST_PGBOUNCER_ADDR)"
+	elif postgres_external; then
+		echo "pgbouncer: not ours to run (LOCK_TEST_POSTGRES_DSN names another server)"
+	elif pid=$(pgb_pid) && tcp_open "$PGB_PORT"; then
+		echo "pgbouncer: up (127.0.0.1:$PGB_PORT, pid $pid, dir $PGB_DIR)"
+	else
+		echo "pgbouncer: down"
+		down=1
+	fi
 	return "$down"
 }
 
@@ -637,15 +788,15 @@ usage() {
 	sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0" >&2
 }
 
-# services ARGS... — the services named (all three by default), checked.
+# services ARGS... — the services named (all four by default), checked.
 services() {
 	SVCS=("$@")
-	((${#SVCS[@]} == 0)) && SVCS=(postgres redis etcd)
+	((${#SVCS[@]} == 0)) && SVCS=(postgres redis etcd pgbouncer)
 	local s
 	for s in "${SVCS[@]}"; do
 		case "$s" in
-		postgres | redis | etcd) ;;
-		*) die "unknown service '$s' (want postgres, redis or etcd)" ;;
+		postgres | redis | etcd | pgbouncer) ;;
+		*) die "unknown service '$s' (want postgres, redis, etcd or pgbouncer)" ;;
 		esac
 	done
 }

@@ -22,6 +22,11 @@ func PostgresDSN() string {
 	return env("LOCK_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:25432/test?sslmode=disable")
 }
 
+// PgBouncerAddr is host:port of a PgBouncer in front of the database
+// PostgresDSN names: its database "session" pools in session mode,
+// "transaction" in transaction mode (as scripts/services.sh configures it).
+func PgBouncerAddr() string { return env("LOCK_TEST_PGBOUNCER_ADDR", "127.0.0.1:26432") }
+
 // RedisAddr is host:port of the Redis server the tests use.
 func RedisAddr() string { return env("LOCK_TEST_REDIS_ADDR", "127.0.0.1:26379") }
 
