@@ -84,7 +84,7 @@ func open(ctx context.Context, raw, prefix string) (*backend, error) {
 			return nil, err
 		}
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("%w %q: %s is not a directory", errBadURL, raw, dir)
+			return nil, fmt.Errorf("%w %q: %s is not a directory", errBadURL, redact(raw), dir)
 		}
 		if scheme == "flock" {
 			b = &backend{kind: "flock", factory: flock.NewFactory(append(opts, flock.WithDir(dir))...)}
@@ -165,10 +165,10 @@ func open(ctx context.Context, raw, prefix string) (*backend, error) {
 func dirOf(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("%w %q: %v", errBadURL, raw, err)
+		return "", fmt.Errorf("%w %q: %v", errBadURL, redact(raw), err)
 	}
 	if u.Host != "" && u.Host != "localhost" || u.Path == "" || u.RawQuery != "" || u.User != nil {
-		return "", fmt.Errorf("%w %q: want %s:///absolute/dir (three slashes, no host, no query)", errBadURL, raw, u.Scheme)
+		return "", fmt.Errorf("%w %q: want %s:///absolute/dir (three slashes, no host, no query)", errBadURL, redact(raw), u.Scheme)
 	}
 	return u.Path, nil
 }
