@@ -20,14 +20,16 @@ import (
 // starts, so that only SIGKILL ends them: it writes its pid to $0/pid and
 // the grandchild's to $0/gpid, then waits.
 const groupScript = `trap '' TERM
+echo "$LOCK_TOKEN" > "$0/token"
 sleep 1000 &
 echo $! > "$0/gpid.tmp" && mv "$0/gpid.tmp" "$0/gpid"
 echo $$ > "$0/pid.tmp" && mv "$0/pid.tmp" "$0/pid"
 wait`
 
 // startGroup starts lock run with flags on name running groupScript, and
-// returns once both pids are written.
-func startGroup(t *testing.T, url, name string, flags ...string) (run func() result, pids []int, dir string) {
+// returns once both pids are written: a func that waits for lock run's
+// end, the pids, the script's directory and lock run's process.
+func startGroup(t *testing.T, url, name string, flags ...string) (run func() result, pids []int, dir string, p *os.Process) {
 	t.Helper()
 	dir = t.TempDir()
 	args := append(append([]string{"run", "--backend", url}, flags...), name, "--", "sh", "-c", groupScript, dir)
@@ -55,7 +57,7 @@ func startGroup(t *testing.T, url, name string, flags ...string) (run func() res
 		}
 		pids = append(pids, pid)
 	}
-	return run, pids, dir
+	return run, pids, dir, cmd.Process
 }
 
 func killIfAlive(pid int) {
@@ -71,7 +73,7 @@ func killIfAlive(pid int) {
 func TestLossByDelete(t *testing.T) {
 	rdb := redisClient(t)
 	url, name := redisURL(t), uniqueName(t)
-	run, pids, _ := startGroup(t, url, name, "--ttl", "3s", "--kill-after", "200ms")
+	run, pids, _, _ := startGroup(t, url, name, "--ttl", "3s", "--kill-after", "200ms")
 	if n, err := rdb.Del(context.Background(), "lock:{"+name+"}:lock").Result(); err != nil || n != 1 {
 		t.Fatalf("DEL of the lock's key: %d, %v", n, err)
 	}
@@ -99,7 +101,7 @@ func TestLossBeforeSuccessor(t *testing.T) {
 	redisClient(t)
 	proxy := startFreezer(t, testenv.RedisAddr())
 	name := uniqueName(t)
-	first, _, dir := startGroup(t, "redis://"+proxy.addr()+"/0", name, "--ttl", "5s")
+	first, _, dir, _ := startGroup(t, "redis://"+proxy.addr()+"/0", name, "--ttl", "5s")
 
 	resultFile := filepath.Join(dir, "result")
 	second, stdout, stderr := lockCmd("run", "--backend", redisURL(t), "-w", "1m", name, "--", os.Args[0])
@@ -118,6 +120,37 @@ func TestLossBeforeSuccessor(t *testing.T) {
 		t.Errorf("when the second run's command started, the first group's processes were %s, want dead", got)
 	}
 	first().want(t, exitLost, "the first run, cut off from Redis")
+}
+
+// A holder that is stopped (SIGSTOP) cannot renew, nor kill its command:
+// its lease runs out on the server, and a second run gets the lock, with a
+// larger token, while the first command still runs — only fencing protects
+// a resource from it then. Once the first lock run runs again, it finds the
+// lock lost, kills the whole group and exits 75.
+func TestLossWhilePaused(t *testing.T) {
+	url, name := redisURL(t), uniqueName(t)
+	first, pids, dir, cmd := startGroup(t, url, name, "--ttl", "2s")
+	testenv.Pause(t, cmd)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			testenv.Resume(cmd)
+		}
+	})
+
+	tokFile := filepath.Join(t.TempDir(), "token")
+	runLock(t, "run", "--backend", url, "-w", "1m", name, "--", "sh", "-c", `echo "$LOCK_TOKEN" > "$0"`, tokFile).want(t, 0, "the second run")
+	if next, old := mustUint(t, strings.TrimSpace(awaitFile(t, tokFile))), mustUint(t, strings.TrimSpace(awaitFile(t, filepath.Join(dir, "token")))); next <= old {
+		t.Errorf("the second holder's token %d is not above the paused one's %d", next, old)
+	}
+	resumed = true
+	testenv.Resume(cmd)
+	first().want(t, exitLost, "the paused run, resumed")
+	for _, pid := range pids {
+		if processAlive(pid) {
+			t.Errorf("process %d of the paused run's group is alive after it exited", pid)
+		}
+	}
 }
 
 // A freezer is a TCP proxy whose traffic can be stopped at once in both

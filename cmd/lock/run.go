@@ -83,6 +83,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	// 128+n); once it runs, signals go to its group.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	acquiring := make(chan struct{})

@@ -295,3 +295,31 @@ func TestRunUsage(t *testing.T) {
 		}
 	}
 }
+
+// A signal while lock run waits for the lock ends the wait, leaves no
+// waiter behind, and lock exits as if killed by it. (etcd counts waiters,
+// so the test knows when the run waits.)
+func TestRunSignalWhileWaiting(t *testing.T) {
+	url, name := etcdURL(t), uniqueName(t)
+	holdLock(t, url, name)
+	waiter, stdout, stderr := lockCmd("run", "--backend", url, "-w", "1m", name, "--", "sh", "-c", "echo ran")
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for inspectJSON(t, url, name).Waiting != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter is not counted within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waiter.Process.Signal(syscall.SIGTERM)
+	r := wait(t, waiter, stdout, stderr, nil)
+	r.want(t, 128+int(syscall.SIGTERM), "waiter sent SIGTERM")
+	if strings.Contains(r.stdout, "ran") || !strings.Contains(r.stderr, "interrupted") {
+		t.Errorf("stdout %q, stderr %q: want no run and the interruption", r.stdout, r.stderr)
+	}
+	if info := inspectJSON(t, url, name); info.Waiting != 0 || len(info.Holders) != 1 {
+		t.Errorf("after the waiter left: %+v, want the holder and no waiter", info)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -260,8 +261,13 @@ func (quiet) Printf(context.Context, string, ...any) {}
 
 func init() { redis.SetLogger(quiet{}) }
 
-// redact hides the password of a URL in messages.
+// passwordParam is a password given as a query parameter (pgx takes one).
+var passwordParam = regexp.MustCompile(`(?i)([?&]password=)[^&]*`)
+
+// redact hides the password of a URL in messages: the userinfo's and a
+// password query parameter.
 func redact(raw string) string {
+	raw = passwordParam.ReplaceAllString(raw, "${1}xxxxx")
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return raw
