@@ -28,6 +28,7 @@ func TestRelease(t *testing.T) {
 	// is to be published has to be added here.
 	wantTags := []string{
 		version,
+		"cmd/lock/" + version,
 		"contrib/gocronlock/" + version,
 		"contrib/otellock/" + version,
 		"contrib/promlock/" + version,
@@ -146,11 +147,14 @@ func TestRelease(t *testing.T) {
 	writeFile(t, filepath.Join(app, "go.mod"), "module example.com/app\n\ngo 1.26.0\n")
 	get := []string{"get"}
 	for _, p := range paths {
-		if p != "github.com/ubgo/lock" {
+		if p != "github.com/ubgo/lock" && p != lockCmdPath {
 			get = append(get, p+"@"+version)
 		}
 	}
 	goCmd(t, app, env, get...)
+	// The command is a tool of the user's module (its go.mod has
+	// replace directives, which go install pkg@version refuses).
+	goCmd(t, app, env, "get", "-tool", lockCmdPath+"@"+version)
 	step("go get")
 	writeFile(t, filepath.Join(app, "main.go"), appMain)
 	goCmd(t, app, env, "mod", "tidy")
@@ -159,6 +163,10 @@ func TestRelease(t *testing.T) {
 	step("go build")
 	goCmd(t, app, env, "vet", "./...")
 	step("go vet")
+	if out := goCmd(t, app, env, "tool", "lock", "help"); !strings.Contains(out, "lock run") {
+		t.Errorf("go tool lock help:\n%s", out)
+	}
+	step("go tool lock")
 	mods := listModules(t, app, env)
 	for _, p := range paths {
 		m, ok := mods[p]
@@ -191,6 +199,8 @@ func TestRelease(t *testing.T) {
 		}
 	}
 }
+
+const lockCmdPath = "github.com/ubgo/lock/cmd/lock"
 
 // appMain uses a Factory of each backend, the gocron adapter over one,
 // and the two metrics observers.

@@ -1,0 +1,185 @@
+//go:build unix
+
+// Command lock runs a command under a named lock, and shows and frees
+// locks, on any backend of github.com/ubgo/lock named by a URL.
+//
+//	lock run [flags] NAME -- CMD [ARGS...]
+//	lock inspect [flags] NAME
+//	lock ls [flags] [PREFIX]
+//	lock break [flags] NAME
+//
+// Run "lock help" for the flags, the backend URLs and the exit codes;
+// docs/guides/cmd-lock.md has the details.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// Exit codes of lock itself. run passes the child's status through
+// instead, when the child ran and the lock was not lost.
+const (
+	exitConflict    = 1   // the lock is held by someone else (run -E changes it)
+	exitUsage       = 64  // bad flags or arguments (sysexits EX_USAGE)
+	exitUnavailable = 69  // the server could not be reached or failed (EX_UNAVAILABLE)
+	exitLost        = 75  // run: the lock was lost while the command ran (EX_TEMPFAIL)
+	exitRefused     = 77  // break: the backend cannot free a lock safely (EX_NOPERM)
+	exitBadURL      = 78  // the backend URL is malformed or names no backend (EX_CONFIG)
+	exitCannotRun   = 126 // run: the command was found but could not be started
+	exitNotFound    = 127 // run: the command was not found
+)
+
+const usage = `lock runs a command under a named lock, and shows and frees locks,
+on any backend of github.com/ubgo/lock.
+
+Usage:
+  lock run [flags] NAME -- CMD [ARGS...]   run CMD while holding NAME
+  lock inspect [flags] NAME                who holds NAME
+  lock ls [flags] [PREFIX]                 the held names starting with PREFIX
+  lock break [flags] NAME                  free NAME whose holder is gone
+  lock help                                this text
+
+Every subcommand takes:
+  --backend URL      the backend (default: $LOCK_BACKEND):
+                       flock:///dir                   flock, lock files in dir
+                       file:///dir                    filelock, marker files in dir
+                       postgres://... postgresql://...  pglock (a pgx connection string)
+                       redis://host:port/db  rediss://...  redislock (go-redis ParseURL)
+                       redis+cluster://h1:port,h2:port  rediss+cluster://...
+                                                      redislock on a Redis Cluster;
+                                                      go-redis cluster options as query
+                       etcd://h1:2379,h2:2379  etcds://...  etcdlock
+  --key-prefix P     the backend's key prefix (WithKeyPrefix; redis, postgres, etcd)
+
+lock run takes the lock, runs CMD in a process group of its own with
+LOCK_NAME, LOCK_TOKEN (the fencing token) and LOCK_BACKEND in its
+environment, forwards SIGINT, SIGTERM and SIGHUP to the group, renews the
+lease while CMD runs, releases the lock when CMD exits and exits with CMD's
+status (128+n if a signal n killed it). If the lock is lost, the whole group
+gets SIGTERM at once and SIGKILL after --kill-after, and lock exits 75.
+  -n                 fail at once if NAME is held (the default)
+  -w DURATION        wait up to DURATION for NAME (5s, 1m; a bare number is seconds)
+  -E CODE            exit code when NAME is held or -w runs out (default 1)
+  --ttl DURATION     lease length (redis, etcd: whole seconds, file); default the backend's
+  --max-concurrent N a semaphore of N permits; every holder must pass the same N
+  --owner S          shown by inspect and ls (default pid@host)
+  --kill-after D     SIGKILL this long after SIGTERM on loss (default TTL/20, at most 1s)
+
+lock inspect and lock ls print a table, or with --json one JSON object per
+name and line. lock break refuses on backends that cannot free a lock
+safely; it asks for confirmation unless --yes.
+
+Exit codes:
+  0..255  lock run: the command's exit status (a signal n: 128+n)
+  1       the lock is held by someone else, or -w ran out (-E changes it)
+  64      bad flags or arguments
+  69      the server could not be reached, or failed
+  75      lock run: the lock was lost while the command ran
+  77      lock break: the backend cannot free the lock safely
+  78      bad backend URL
+  126     lock run: the command could not be started
+  127     lock run: the command was not found
+`
+
+func main() { os.Exit(lockMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+// lockMain runs the subcommand args names and returns the exit code.
+func lockMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return runCmd(args, stderr)
+	case "inspect":
+		return inspectCmd(args, stdout, stderr)
+	case "ls":
+		return lsCmd(args, stdout, stderr)
+	case "break":
+		return breakCmd(args, stdin, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "lock: unknown subcommand %q (run 'lock help')\n", cmd)
+	return exitUsage
+}
+
+// common are the flags of every subcommand.
+type common struct {
+	backend string
+	prefix  string
+}
+
+// flags returns the flag set of subcommand name with the common flags
+// registered into c.
+func flags(name string, c *common, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("lock "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintf(stderr, "usage: see 'lock help'\n") }
+	fs.StringVar(&c.backend, "backend", os.Getenv("LOCK_BACKEND"), "backend URL (default $LOCK_BACKEND)")
+	fs.StringVar(&c.prefix, "key-prefix", "", "the backend's key prefix")
+	return fs
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// parse parses args into fs and checks the backend is set and the number
+// of positional arguments is within [min, max].
+func parse(fs *flag.FlagSet, c *common, args []string, min, max int) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return usagef("")
+		}
+		return usagef("%v", err)
+	}
+	if n := fs.NArg(); n < min || max >= 0 && n > max {
+		return usagef("%s: want %s", fs.Name(), argsWanted(min, max))
+	}
+	if c.backend == "" {
+		return usagef("%s: no backend: pass --backend URL or set LOCK_BACKEND", fs.Name())
+	}
+	return nil
+}
+
+func argsWanted(min, max int) string {
+	switch {
+	case min == max:
+		return fmt.Sprintf("%d argument(s)", min)
+	case max < 0:
+		return fmt.Sprintf("at least %d arguments", min)
+	}
+	return fmt.Sprintf("%d to %d arguments", min, max)
+}
+
+// fail reports err on stderr and returns its exit code.
+func fail(stderr io.Writer, err error) int {
+	var u *usageError
+	switch {
+	case errors.As(err, &u):
+		if u.msg != "" {
+			fmt.Fprintf(stderr, "lock: %s\n", strings.TrimSpace(u.msg))
+		}
+		fmt.Fprintln(stderr, "run 'lock help' for the usage")
+		return exitUsage
+	case errors.Is(err, errBadURL):
+		fmt.Fprintf(stderr, "lock: %v\n", err)
+		return exitBadURL
+	}
+	fmt.Fprintf(stderr, "lock: %v\n", err)
+	return exitUnavailable
+}
