@@ -289,23 +289,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	if o.Wait && ls.limit == 1 {
 		// In the hub before the first look, so that a grant is not missed.
 		w = f.hub.addMutex(k.channel, id)
-		w.leave = func() {
-			if !w.joined {
-				return
-			}
-			// Out of the queue, and if a release granted it the name
-			// meanwhile, on to the next waiter: one script, before
-			// Acquire returns (the caller may try again at once), bounded
-			// like the probe of a wait that ran out. Without an answer it
-			// is left to the background, as after a failed attempt.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backend.ProbeTimeout)
-			s, keys, args := f.releaseCall(k, id, ls)
-			err := s.Run(cctx, f.c, keys, args...).Err()
-			cancel()
-			if err != nil {
-				f.abandon(ctx, k, id, ls)
-			}
-		}
+		w.leave = func() { f.leaveQueue(ctx, k, id, ls, w) }
 		defer w.Close()
 	}
 	// Others in this process wait already for the semaphore: queue behind
@@ -336,41 +320,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		if err := ctx.Err(); err != nil {
 			return nil, 0, err
 		}
-		var a attempt
-		tok, granted := uint64(0), false
-		if w != nil && ls.limit == 1 {
-			tok, granted = f.hub.granted(w)
-			if !granted && w.skip {
-				w.skip = false
-				return nil, w.hint, ErrLocked
-			}
-		}
-		if granted && time.Since(w.sent) < ls.ttl/3 {
-			// Handed over by a release, which ran after the last look
-			// was sent: the lease runs from then at least.
-			a = attempt{status: 1, token: tok, sent: w.sent}
-		} else {
-			ch := ""
-			if w != nil && ls.limit == 1 && f.hub.isReady() {
-				ch = f.hub.own
-			}
-			var err error
-			a, err = f.try(ctx, k, id, ls, ch)
-			switch {
-			case err != nil:
-				return nil, 0, err
-			case a.status == 0:
-				hint := max(a.pttl, time.Millisecond)
-				if w != nil && ls.limit == 1 {
-					// Also within its own lease: a waiter ahead of it may
-					// be granted the name and die, and hold it that long.
-					hint = min(hint, ls.ttl)
-					f.hub.looked(w, a.sent, hint, ch != "")
-				}
-				return nil, hint, ErrLocked
-			case a.status < 0:
-				return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
-			}
+		a, err := f.look(ctx, k, id, ls, w)
+		switch {
+		case err != nil:
+			return nil, 0, err
+		case a.status == 0:
+			return nil, a.pttl, ErrLocked
+		case a.status < 0:
+			return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
 		}
 		h := f.newHolder(ctx, name, k, id, ls, o, a, renew)
 		if !f.rn.add(h) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock/backend"
 )
 
 // Waiting. A mutex waiter joins the name's queue in Redis, kept in the
@@ -94,6 +95,58 @@ func (w *waiter) Wake() <-chan struct{} { return w.wake }
 func (w *waiter) Close() {
 	if w.h.leave(w) && w.leave != nil && !w.acquired {
 		w.leave()
+	}
+}
+
+// look is one attempt of take. A mutex waiter w first takes a grant its
+// factory received, and joins the name's queue once the factory's
+// subscription is confirmed. On contention a.pttl says when to look again.
+func (f *Factory) look(ctx context.Context, k keys, id string, ls lease, w *waiter) (attempt, error) {
+	if w == nil || ls.limit > 1 {
+		a, err := f.try(ctx, k, id, ls, "")
+		a.pttl = max(a.pttl, time.Millisecond)
+		return a, err
+	}
+	tok, granted := f.hub.granted(w)
+	switch {
+	case granted && time.Since(w.sent) < ls.ttl/3:
+		// Handed over by a release, which ran after the last look was
+		// sent: the lease runs from then at least.
+		return attempt{status: 1, token: tok, sent: w.sent}, nil
+	case !granted && w.skip:
+		w.skip = false
+		return attempt{pttl: w.hint}, nil
+	}
+	ch := ""
+	if f.hub.isReady() {
+		ch = f.hub.own
+	}
+	a, err := f.try(ctx, k, id, ls, ch)
+	if err == nil && a.status == 0 {
+		// Also within its own lease: a waiter ahead of it may be granted
+		// the name and die, and hold it that long.
+		a.pttl = min(max(a.pttl, time.Millisecond), ls.ttl)
+		f.hub.looked(w, a.sent, a.pttl, ch != "")
+	}
+	return a, err
+}
+
+// leaveQueue runs when the mutex waiter w is done without the lock. If it
+// joined the name's queue, the release script for its id takes it out,
+// and if a release granted it the name meanwhile, passes the name on to
+// the next waiter: one script, before Acquire returns (the caller may try
+// again at once), bounded like the probe of a wait that ran out. Without
+// an answer it is left to the background, as after a failed attempt.
+func (f *Factory) leaveQueue(ctx context.Context, k keys, id string, ls lease, w *waiter) {
+	if !w.joined {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backend.ProbeTimeout)
+	s, keys, args := f.releaseCall(k, id, ls)
+	err := s.Run(cctx, f.c, keys, args...).Err()
+	cancel()
+	if err != nil {
+		f.abandon(ctx, k, id, ls)
 	}
 }
 
