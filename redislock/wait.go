@@ -31,10 +31,13 @@ import (
 // queued late) is released at once, to the next waiter.
 //
 // Every look that finds the name held tells the waiter when to look
-// again: within its own TTL when it joins, at the end of the holder's
-// lease when it is queued already. So a waiter never depends on a wake
-// alone: a holder that is killed, or a waiter granted the name and
-// killed, is followed within one lease.
+// again: within its own TTL, and once queued no later than the end of the
+// holder's lease. So a waiter never depends on a wake alone: a holder
+// that is killed, or a waiter granted the name and killed, is followed
+// within one lease. A grant is taken without another call if the
+// waiter's last look was sent less than TTL/3 before (the lease the
+// release set runs from after that send); otherwise a look confirms it,
+// which renews the lease.
 //
 // Semaphores keep the wake of before: their release publishes on the
 // name's channel, and the factory, subscribed to the channels of the
@@ -70,7 +73,8 @@ type waiter struct {
 	limit int
 	// leave runs once the waiter is done without the lock, if set.
 	leave func()
-	// Guarded by h.mu.
+	// Guarded by h.mu (joined is written on the waiting goroutine, which
+	// reads it without).
 	grant  uint64 // the token a release handed it, 0 if none
 	joined bool   // a look put it in the name's queue in Redis
 	done   bool
