@@ -384,11 +384,11 @@ func TestPubSubConnectionKilled(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, h.k.channel) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, f.hub.own) == 1 })
 	if n, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result(); err != nil || n != 1 {
 		t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
 	}
-	waitFor(t, 10*time.Second, "waiter subscribed again", func() bool { return numsub(t, admin, h.k.channel) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed again", func() bool { return numsub(t, admin, f.hub.own) == 1 })
 	h.Release()
 	select {
 	case err := <-got:
@@ -467,13 +467,13 @@ func TestWaiterCancelLeavesNothing(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, h.k.channel) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
 	cancel()
 	err = <-got
 	if !errors.Is(err, ErrLocked) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait = %v; want ErrLocked and context.Canceled", err)
 	}
-	waitFor(t, 10*time.Second, "unsubscribed", func() bool { return numsub(t, rdb, h.k.channel) == 0 })
+	waitFor(t, 10*time.Second, "unsubscribed", func() bool { return numsub(t, rdb, f.hub.own) == 0 })
 	waitFor(t, 10*time.Second, "idle pub/sub connection closed", func() bool {
 		list, _ := rdb.ClientList(context.Background()).Result()
 		for _, line := range strings.Split(list, "\n") {

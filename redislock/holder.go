@@ -63,7 +63,7 @@ func (h *Holder) releaseContext() (context.Context, context.CancelFunc) {
 // runRelease runs the release script: 1 if it removed this holder's lock
 // or permit, 0 if it was no longer there.
 func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
-	sc, keys, args := releaseCall(h.k, h.id, h.ls)
+	sc, keys, args := h.f.releaseCall(h.k, h.id, h.ls)
 	return sc.Run(ctx, h.f.c, keys, args...)
 }
 
@@ -95,7 +95,8 @@ func (h *Holder) Name() string { return h.name }
 
 // Key is the Redis key that holds the lock, for operators and for scripts
 // of your own (its hash tag is the name's). For a mutex it is a string
-// whose value begins with the holder's random id; for a semaphore permit
+// whose value begins with the holder's random id (the queue of waiters
+// follows it, a line each); for a semaphore permit
 // (WithMaxConcurrent above 1) it is the sorted set of the name's permit ids,
 // scored by expiry, in which this holder is one member, so it stays while
 // other permits are held. Neither is ever the key of another name.

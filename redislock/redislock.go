@@ -1,6 +1,7 @@
 // Package redislock is a lock backend on Redis: named mutexes and
 // semaphores with fencing tokens, leases that renew, and waiting woken by
-// pub/sub.
+// pub/sub: a mutex's waiters queue in Redis and a release hands the name
+// to the first of them (see wait.go).
 //
 // Every operation is one Lua script, so acquire, release and extend each
 // take one round trip. The acquire script sets the key with an expiry and
@@ -31,18 +32,20 @@
 // still holds the key), then removes the key; it never takes the lock back
 // by itself. Holders acquired WithAutoRenew(false) must call Extend before
 // the deadline. At the deadline the factory
-// removes the key, so the next holder need not wait for the rest of the
-// TTL, and then closes Done.
+// removes the key (hands it to the first waiter), so the next holder need
+// not wait for the rest of the TTL, and then closes Done.
 //
-// Tokens are strictly increasing per name and never below the server's
-// clock in microseconds, so they keep increasing even when the token
-// counter is lost (a restart without persistence, eviction), as long as the
-// server's clock does not go back.
+// Tokens are strictly increasing per name. A free name's token is never
+// below the server's clock in microseconds, and a hand-off's is the
+// releaser's + 1, so they keep increasing even when the token counter is
+// lost (a restart without persistence, eviction), as long as the server's
+// clock does not go back.
 //
 // The factory accepts any go-redis client: *redis.Client (also a failover
 // client), *redis.ClusterClient, *redis.Ring or a redis.UniversalClient. On a
-// Ring, pub/sub reaches only one shard, so waiters of names on other shards
-// are not notified and poll instead.
+// Ring, pub/sub reaches only one shard, so waiters whose channel or name
+// is on another shard are not notified and find the lock by their next
+// look instead (within their TTL, at most maxPoll).
 package redislock
 
 import (
@@ -136,6 +139,7 @@ func NewFactory(client Client, opts ...Option) *Factory {
 	}
 	f.rn.f = f
 	f.hub.f = f
+	f.hub.own = cmp.Or(f.cfg.Options.KeyPrefix, DefaultKeyPrefix) + "wake:" + semID(newID())
 	_, together := client.(*redis.Client)
 	f.together.Store(together)
 	return f
@@ -210,7 +214,12 @@ func keysFor(prefix, name string) keys {
 
 // keysOfEscaped is keysFor for a name known by its escaped form (List).
 func keysOfEscaped(prefix, esc string) keys {
-	base := prefix + "{" + esc + "}:"
+	return keysOfBase(prefix + "{" + esc + "}:")
+}
+
+// keysOfBase is keysFor for the common start of a name's keys,
+// "<prefix>{<escaped name>}:" (a grant names the lock key).
+func keysOfBase(base string) keys {
 	return keys{
 		lock: base + "lock", token: base + "token", slots: base + "slots",
 		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
@@ -294,18 +303,29 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	ls := f.leaseOf(o)
 	id := newID()
 	var w *waiter
-	// Others in this process wait already: queue behind them rather than
-	// overtake them. The release that frees the lock wakes the first of
-	// them, and each in turn.
-	queued := o.Wait && f.hub.waiting(k.channel) > 0
+	if o.Wait && ls.limit == 1 {
+		// In the hub before the first look, so that a grant is not missed.
+		w = f.hub.addMutex(k.channel, id)
+		w.leave = func() { f.leaveQueue(ctx, k, id, ls, w) }
+		defer w.Close()
+	}
+	// Others in this process wait already for the semaphore: queue behind
+	// them rather than overtake them. The release that frees a permit
+	// wakes the first of them, and each in turn.
+	queued := o.Wait && ls.limit > 1 && f.hub.waiting(k.channel) > 0
 	return backend.Wait(ctx, backend.Waiting{
 		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
-		// A release wakes the first waiter; a holder that dies without
-		// releasing is noticed when its lease runs out (the attempt's
-		// hint), at the latest after maxPoll.
+		// A release grants a mutex or wakes a semaphore's first waiter;
+		// every look that finds the name held bounds the next by a lease
+		// (the attempt's hint), so a holder or granted waiter that died is
+		// noticed within one; maxPoll caps it.
 		MinPoll: maxPoll, MaxPoll: maxPoll,
 		Queued: queued,
 		Subscribe: func() (backend.Subscription, error) {
+			if w != nil {
+				w.skip = w.joined
+				return w, nil
+			}
 			var ahead int
 			w, ahead = f.hub.join(k.channel, ls.limit)
 			if queued && ahead == 0 {
@@ -317,12 +337,12 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		if err := ctx.Err(); err != nil {
 			return nil, 0, err
 		}
-		a, err := f.try(ctx, k, id, ls)
+		a, err := f.look(ctx, k, id, ls, w)
 		switch {
 		case err != nil:
 			return nil, 0, err
 		case a.status == 0:
-			return nil, max(a.pttl, time.Millisecond), ErrLocked
+			return nil, a.pttl, ErrLocked
 		case a.status < 0:
 			return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
 		}
@@ -349,13 +369,14 @@ func (f *Factory) unreachable(err error) {
 	}
 }
 
-// try runs the acquire script once.
-func (f *Factory) try(ctx context.Context, k keys, id string, ls lease) (attempt, error) {
+// try runs the acquire script once. A mutex waiter passes its factory's
+// channel ch to join the name's queue.
+func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, ch string) (attempt, error) {
 	a := attempt{sent: time.Now()}
 	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
 	var cmd *redis.Cmd
 	if ls.limit == 1 {
-		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds())
+		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds(), ch)
 	} else {
 		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttl.Milliseconds(), ls.limit, ls.meta, tokenRetention.Milliseconds())
 	}
@@ -419,17 +440,22 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
 		defer cancel()
-		s, keys, args := releaseCall(k, id, ls)
+		s, keys, args := f.releaseCall(k, id, ls)
 		s.Run(cctx, f.c, keys, args...)
 	}()
 }
 
 // releaseCall is the script, keys and arguments that release the lock or
-// permit with this id and write its tombstone, for one TTL.
-func releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
+// permit with this id (a mutex to its first waiter) and write its
+// tombstone, for one TTL.
+func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
 	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
 	if ls.limit == 1 {
-		return mutexRelease, []string{k.lock, tomb}, []any{id, k.channel, ttl}
+		heard := "0"
+		if f.together.Load() {
+			heard = "1"
+		}
+		return mutexRelease, []string{k.lock, tomb, k.token}, []any{id, ttl, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds()}
 	}
 	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
 }
@@ -515,6 +541,12 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 	if info.Limit == 1 && len(res) == 3 {
 		v, _ := res[1].(string)
 		ms, _ := toInt(res[2])
+		// The waiters queued for the mutex follow the holder, one line
+		// each (see lua/mutex_acquire.lua).
+		v, queue, _ := strings.Cut(v, "\n")
+		if queue != "" {
+			info.Waiting = strings.Count(queue, "\n") + 1
+		}
 		parts := strings.SplitN(v, ":", 4)
 		if len(parts) == 4 {
 			info.Holders = append(info.Holders, holderInfo(parts[1], parts[2], parts[3], ms, now))
@@ -543,7 +575,8 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 // twice. Names are recovered from their keys; a long name, whose key
 // holds a hash of it, is listed under its escaped form
 // (backend.ListedName), and only when prefix fits in that form's
-// readable part. Waiting is 0: it is not counted.
+// readable part. Waiting counts the waiters queued for a mutex (0 for a
+// semaphore: not counted).
 func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
 	return func(yield func(lock.Info, error) bool) {
 		kp := f.cfg.Options.KeyPrefix
@@ -726,7 +759,7 @@ func (f *Factory) Close() error {
 func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
 		h := hs[i]
-		return releaseCall(h.k, h.id, h.ls)
+		return f.releaseCall(h.k, h.id, h.ls)
 	})
 }
 

@@ -274,16 +274,16 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	k := keysFor(testPrefix, name)
 	ls := f.leaseOf(&f.cfg.Options)
 	id := newID()
-	a1, err1 := f.try(ctx, k, id, ls)
-	a2, err2 := f.try(ctx, k, id, ls)
+	a1, err1 := f.try(ctx, k, id, ls, "")
+	a2, err2 := f.try(ctx, k, id, ls, "")
 	if err1 != nil || err2 != nil || a1.status != 1 || a2.status != 1 || a1.token != a2.token {
 		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", a1, err1, a2, err2)
 	}
 	other := newID()
-	if a3, err := f.try(ctx, k, other, ls); err != nil || a3.status != 0 || a3.pttl <= 0 {
+	if a3, err := f.try(ctx, k, other, ls, ""); err != nil || a3.status != 0 || a3.pttl <= 0 {
 		t.Fatalf("another id: %+v %v; want locked with the lease left", a3, err)
 	}
-	s, keys, args := releaseCall(k, id, ls)
+	s, keys, args := f.releaseCall(k, id, ls)
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}
@@ -389,13 +389,13 @@ func TestCloseCleansUp(t *testing.T) {
 		_, err := f.Acquire(ctx, name, WithWait())
 		errc <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, h.k.channel) == 1 })
+	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
 	f.Close()
 	<-errc
 	if n, _ := rdb.Exists(ctx, h.k.lock).Result(); n != 0 {
 		t.Fatal("Close left the lock in Redis")
 	}
-	if n := numsub(t, rdb, h.k.channel); n != 0 {
+	if n := numsub(t, rdb, f.hub.own); n != 0 {
 		t.Fatalf("%d subscribers left after Close", n)
 	}
 }

@@ -60,6 +60,18 @@ func (r *renewer) poke() {
 	}
 }
 
+// holds reports whether the factory holds the acquisition with this id.
+func (r *renewer) holds(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for h := range r.holders {
+		if h.id == id {
+			return true
+		}
+	}
+	return false
+}
+
 // remove stops tracking h: it was released or found lost.
 func (r *renewer) remove(h *Holder) {
 	r.mu.Lock()

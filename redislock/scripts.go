@@ -12,7 +12,7 @@ import (
 // states its KEYS, ARGV and reply, and runs on its own, for example
 //
 //	redis-cli --eval lua/mutex_acquire.lua 'lock:{x}:lock' 'lock:{x}:token' \
-//	    'lock:{x}:slots' 'lock:{x}:permits' 'lock:{x}:tomb:0123' , '0123:' 30000 '{}' 86400000
+//	    'lock:{x}:slots' 'lock:{x}:permits' 'lock:{x}:tomb:0123' , '0123:' 30000 '{}' 86400000 ''
 //
 // The keys of a name (see keysFor): lock (string, a mutex holder), token
 // (counter), slots (zset of semaphore permit ids scored by expiry in server
@@ -21,7 +21,8 @@ import (
 // tombstone (see keys.tombOf).
 //
 // A holder is identified by a random id that is unique per acquisition. A
-// mutex holder's value is "id:token:since:meta"; only the id is compared, so
+// mutex holder's value is "id:token:since:meta", followed by the queue of
+// its waiters (see lua/mutex_acquire.lua); only the id is compared, so
 // a holder whose acquire reply was lost can still be cleaned up by its id.
 // The mutex scripts get the id with its ':' ("id:"), the prefix of the
 // value; the semaphore scripts get it without.
