@@ -137,6 +137,13 @@ func NewFactory(client Client, opts ...Option) *Factory {
 	if isNil(client) {
 		f.cfg.Fail(fmt.Errorf("%w: nil Redis client", lock.ErrInvalidOption))
 	}
+	if f.replicaAck() > 0 {
+		switch client.(type) {
+		case *redis.Client, *redis.ClusterClient:
+		default:
+			f.cfg.Fail(fmt.Errorf("%w: WithReplicaAck needs a *redis.Client or *redis.ClusterClient, not %T", lock.ErrInvalidOption, client))
+		}
+	}
 	f.rn.f = f
 	f.hub.f = f
 	f.hub.own = cmp.Or(f.cfg.Options.KeyPrefix, DefaultKeyPrefix) + "wake:" + semID(newID())
@@ -350,6 +357,12 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		if !f.rn.add(h) {
 			h.Release()
 			return nil, 0, lock.ErrClosed
+		}
+		if ack := f.replicaAck(); ack > 0 {
+			if err := f.confirm(ctx, h, ack); err != nil {
+				h.Release()
+				return nil, 0, err
+			}
 		}
 		if w != nil {
 			w.acquired = true
@@ -766,12 +779,20 @@ func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 // pipeScripts runs n scripts, call(i), in one pipeline, falling back to
 // EVAL for a server that lost its script cache.
 func pipeScripts(ctx context.Context, c Client, n int, call func(i int) (*redis.Script, []string, []any)) []*redis.Cmd {
+	return pipeScriptsAcked(ctx, c, n, call, 0)
+}
+
+// pipeScriptsAcked is pipeScripts followed, if ack > 0, by a WAIT for ack
+// replicas in the same pipeline (see WithReplicaAck): a script whose
+// writes fewer replicas acknowledged fails with ErrNotReplicated.
+func pipeScriptsAcked(ctx context.Context, c Client, n int, call func(i int) (*redis.Script, []string, []any), ack int) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
 	pipe := c.Pipeline()
 	for i := range n {
 		s, k, a := call(i)
 		cmds[i] = pipe.EvalSha(ctx, s.Hash(), k, a...)
 	}
+	w := queueWait(ctx, pipe, c, ack)
 	pipe.Exec(ctx)
 	var again []int
 	for i, cmd := range cmds {
@@ -785,7 +806,15 @@ func pipeScripts(ctx context.Context, c Client, n int, call func(i int) (*redis.
 			s, k, a := call(i)
 			cmds[i] = s.Eval(ctx, pipe, k, a...)
 		}
+		w = queueWait(ctx, pipe, c, ack)
 		pipe.Exec(ctx)
+	}
+	if err := w(); err != nil {
+		for _, cmd := range cmds {
+			if cmd.Err() == nil {
+				cmd.SetErr(err)
+			}
+		}
 	}
 	return cmds
 }

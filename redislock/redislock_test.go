@@ -466,3 +466,32 @@ func TestWaitFindsExpiredPermit(t *testing.T) {
 	}
 	w.Release()
 }
+
+// WithReplicaAck on a server without replicas: the acquire fails with
+// ErrNotReplicated, not ErrLocked, and leaves the name free; bad n and a
+// client without a single primary are refused.
+func TestReplicaAckRefused(t *testing.T) {
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil), WithReplicaAck(1))
+	defer f.Close()
+	name := uniq(t, "x")
+	if _, err := f.Acquire(ctx, name); !errors.Is(err, ErrNotReplicated) || errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("Acquire without replicas = %v; want ErrNotReplicated", err)
+	}
+	g := NewFactory(rdb, WithKeyPrefix(testPrefix), WithLogger(nil))
+	defer g.Close()
+	h, err := g.Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("after the refused acquire: %v; want the name free", err)
+	}
+	h.Release()
+	if err := NewFactory(rdb, WithReplicaAck(0)).Err(); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Errorf("WithReplicaAck(0): Err() = %v", err)
+	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": testenv.RedisAddr()}})
+	defer ring.Close()
+	if err := NewFactory(ring, WithReplicaAck(1)).Err(); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Errorf("WithReplicaAck on a Ring: Err() = %v", err)
+	}
+}

@@ -239,7 +239,7 @@ func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch b
 	if len(cur) > 0 {
 		jobs, many = append(jobs, cur), append(many, true)
 	}
-	cmds := pipeScripts(ctx, c, len(jobs), func(i int) (*redis.Script, []string, []any) {
+	cmds := pipeScriptsAcked(ctx, c, len(jobs), func(i int) (*redis.Script, []string, []any) {
 		job := jobs[i]
 		if !many[i] {
 			h := job[0]
@@ -252,7 +252,7 @@ func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch b
 			args = append(args, h.id, h.ls.ttl.Milliseconds())
 		}
 		return mutexExtendN, keys, args
-	})
+	}, r.f.replicaAck())
 	results := make(map[*Holder]result, len(hs))
 	var again []*Holder
 	for i, job := range jobs {

@@ -134,14 +134,18 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
 	waitFor(t, 60*time.Second, "the replica promoted", func() bool { return primaryPort(t, sentinels[0]) == replica.port })
-	keptOrLost(t, "after SENTINEL FAILOVER", g, []*Holder{h}, ttl)
+	if n := keptOrLost(t, "after SENTINEL FAILOVER", g, []*Holder{h}, 3*ttl); n > 0 {
+		t.Fatalf("two holders at once after SENTINEL FAILOVER")
+	}
 
 	if !isClosed(h.Done()) {
 		replicated(primary) // the old primary is the replica now
 	}
 	replica.kill()
 	waitFor(t, 60*time.Second, "the old primary promoted again", func() bool { return primaryPort(t, sentinels[0]) == primary.port })
-	keptOrLost(t, "after the new primary was killed", g, []*Holder{h}, ttl)
+	if n := keptOrLost(t, "after the new primary was killed", g, []*Holder{h}, 3*ttl); n > 0 {
+		t.Fatalf("two holders at once after the new primary was killed")
+	}
 
 	h.Release()
 	h2, err := g.Acquire(ctx, name, WithWait())
@@ -154,17 +158,17 @@ func TestSentinelFailover(t *testing.T) {
 	h2.Release()
 }
 
-// keptOrLost checks, for three TTLs after a failover, that each of hs
-// either keeps its lock, and other's Acquire of the name is refused, or
-// reports the loss with ErrLockLost: never a second holder beside one that
-// has not.
-func keptOrLost(t *testing.T, when string, other *Factory, hs []*Holder, ttl time.Duration) {
+// keptOrLost watches hs for d after a failover: each either keeps its
+// lock, other's Acquire of the name being refused, or reports the loss
+// with ErrLockLost. It returns how many times other got a name whose
+// holder had not reported a loss: two holders at once.
+func keptOrLost(t *testing.T, when string, other *Factory, hs []*Holder, d time.Duration) (violations int) {
 	t.Helper()
 	kept := map[*Holder]bool{}
 	for _, h := range hs {
 		kept[h] = true
 	}
-	deadline := time.Now().Add(3 * ttl)
+	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		for _, h := range hs {
 			if !kept[h] {
@@ -185,13 +189,15 @@ func keptOrLost(t *testing.T, when string, other *Factory, hs []*Holder, ttl tim
 				lost := isClosed(h.Done())
 				o.Release()
 				if !lost {
-					t.Fatalf("%s: a second holder of %s (token %d) beside the first (token %d), which has not reported a loss", when, h.Name(), o.Token(), h.Token())
+					t.Logf("%s: a second holder of %s (token %d) beside the first (token %d), which has not reported a loss", when, h.Name(), o.Token(), h.Token())
+					violations++
+					kept[h] = false
 				}
 			case !errors.Is(err, ErrLocked):
 				t.Logf("%s: Acquire(%s): %v", when, h.Name(), err)
 			}
 		}
-		time.Sleep(ttl / 4)
+		time.Sleep(d / 12)
 	}
 	n := 0
 	for _, h := range hs {
@@ -200,4 +206,5 @@ func keptOrLost(t *testing.T, when string, other *Factory, hs []*Holder, ttl tim
 		}
 	}
 	t.Logf("%s: %d of %d locks kept, the others reported lost", when, n, len(hs))
+	return violations
 }
