@@ -20,9 +20,13 @@ bench:
 
 # Every backend under random faults for a few minutes (~7 min in all);
 # prints a table per backend. Method and results: docs/design/chaos.md.
+# Then the cluster failover tests, repeated (~8 min).
 chaos:
 	scripts/services.sh up
 	cd chaos && CHAOS_LONG=1 go test -count=1 -timeout 20m -run '^TestChaos$$' -v .
+	# Failovers on private clusters, five times each (make test runs them once).
+	cd redislock && go test -count=5 -timeout 20m -run '^Test(ClusterFailover|ClusterReplicaAck|SentinelFailover)$$' .
+	cd etcdlock && go test -count=5 -timeout 20m -run '^TestCluster(LeaderKilled|QuorumLost)$$' .
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
