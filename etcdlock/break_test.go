@@ -157,4 +157,25 @@ func TestBreakFree(t *testing.T) {
 	if err := f.Break(ctx, ""); !errors.Is(err, lock.ErrInvalidName) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidName", err)
 	}
+
+	// A fence record above the freed token stays as it is.
+	fence := etcdlock.NewFence(cli, opts...)
+	h, err := f.Acquire(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const high = 1 << 62
+	if err := fence.RejectIfStale(ctx, "x", high); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Break(ctx, "x"); err != nil {
+		t.Fatalf("Break: %v", err)
+	}
+	if err := fence.RejectIfStale(ctx, "x", high-1); !errors.Is(err, lock.ErrStaleToken) {
+		t.Errorf("fence after the break: %v; want the record kept at %d", err, uint64(high))
+	}
+	if err := fence.RejectIfStale(ctx, "x", high); err != nil {
+		t.Errorf("fence after the break: %v; want the record kept at %d", err, uint64(high))
+	}
+	waitClosed(t, h.Done(), 30*time.Second, "the broken holder's Done")
 }
