@@ -180,3 +180,30 @@ func TestBreakFreeAndFence(t *testing.T) {
 		t.Errorf("Extend after the break: %v", err)
 	}
 }
+
+// On Redis Cluster the script's keys (the fence record's too) share the
+// name's slot: Break of a mutex and of a semaphore works, and the fence
+// rejects the freed token.
+func TestBreakOnCluster(t *testing.T) {
+	cc, _ := startCluster(t)
+	ctx := ctxT(t)
+	f := NewFactory(cc, WithKeyPrefix(testPrefix), WithLogger(nil))
+	t.Cleanup(func() { f.Close() })
+	fence := NewFence(cc, WithKeyPrefix(testPrefix))
+	for _, limit := range []int{1, 2} {
+		name := uniq(t, "c")
+		h, err := f.Acquire(ctx, name, WithMaxConcurrent(limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Break(ctx, name); err != nil {
+			t.Fatalf("limit %d: Break: %v", limit, err)
+		}
+		if err := fence.RejectIfStale(ctx, name, h.Token()); !errors.Is(err, lock.ErrStaleToken) {
+			t.Errorf("limit %d: fence after the break: %v, want ErrStaleToken", limit, err)
+		}
+		if err := h.Extend(ctx); !errors.Is(err, ErrLockLost) {
+			t.Errorf("limit %d: Extend after the break: %v, want ErrLockLost", limit, err)
+		}
+	}
+}
