@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,18 +29,24 @@ func TestBreakMutex(t *testing.T) {
 		t.Fatalf("fence before the break: %v", err)
 	}
 
+	// Two waiters, queued in the lock's value in turn.
 	waiter := testFactory(t, rdb)
-	got := make(chan *Holder, 1)
-	errc := make(chan error, 1)
-	go func() {
-		w, err := waiter.Acquire(ctx, name, WithWait())
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- w
-	}()
-	waitFor(t, 10*time.Second, "the waiter queued", func() bool { return waiter.hub.waiting(keysFor(testPrefix, name).channel) == 1 })
+	got := make(chan *Holder, 2)
+	errc := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			w, err := testFactory(t, rdb).Acquire(ctx, name, WithWait())
+			if err != nil {
+				errc <- err
+				return
+			}
+			got <- w
+		}()
+		waitFor(t, 10*time.Second, "the waiter queued", func() bool {
+			v, _ := rdb.Get(ctx, keysFor(testPrefix, name).lock).Result()
+			return strings.Count(v, "\n") == i+1
+		})
+	}
 
 	if err := testFactory(t, rdb).Break(ctx, name); err != nil {
 		t.Fatalf("Break: %v", err)
@@ -55,13 +62,27 @@ func TestBreakMutex(t *testing.T) {
 	case <-time.After(30 * time.Second): // half the lease: the break freed it, not expiry
 		t.Fatal("waiter did not get the lock after the break")
 	}
-	defer w.Release()
 	if w.Token() <= h.Token() {
 		t.Errorf("successor's token %d, not above the broken holder's %d", w.Token(), h.Token())
 	}
 	if err := fence.RejectIfStale(ctx, name, w.Token()); err != nil {
 		t.Errorf("fence, successor's token: %v", err)
 	}
+	defer func() {
+		// The second waiter kept its place: it gets the lock next.
+		w.Release()
+		select {
+		case w2 := <-got:
+			if w2.Token() <= w.Token() {
+				t.Errorf("second waiter's token %d, not above the first's %d", w2.Token(), w.Token())
+			}
+			w2.Release()
+		case err := <-errc:
+			t.Errorf("second waiter: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Error("second waiter did not get the lock after the first released it")
+		}
+	}()
 	if err := h.Extend(ctx); !errors.Is(err, ErrLockLost) {
 		t.Errorf("broken holder's Extend: %v, want ErrLockLost", err)
 	}
