@@ -24,6 +24,9 @@ var (
 	ErrLimitMismatch = errors.New("lock: semaphore limit mismatch")
 	// ErrClosed: the factory was closed.
 	ErrClosed = errors.New("lock: closed")
+	// ErrNotHeld: an operation on the current holders of a name (a
+	// backend's Break) found none.
+	ErrNotHeld = errors.New("lock: not held")
 	// ErrMaxHold: the lock was held for as long as WithMaxHold allows, so
 	// the backend gave it up. It wraps ErrLockLost: it is a loss, which
 	// ends WithLock's context and KeepAlive's like any other.

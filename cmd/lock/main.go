@@ -25,6 +25,7 @@ import (
 // instead, when the child ran and the lock was not lost.
 const (
 	exitConflict    = 1   // the lock is held by someone else (run -E changes it)
+	exitNotHeld     = 1   // break: nothing holds the name
 	exitUsage       = 64  // bad flags or arguments (sysexits EX_USAGE)
 	exitUnavailable = 69  // the server could not be reached or failed (EX_UNAVAILABLE)
 	exitLost        = 75  // run: the lock was lost while the command ran (EX_TEMPFAIL)
@@ -71,16 +72,23 @@ gets SIGTERM at once and SIGKILL after --kill-after, and lock exits 75.
   --kill-after D     SIGKILL this long after SIGTERM on loss (default TTL/20, at most 1s)
 
 lock inspect and lock ls print a table, or with --json one JSON object per
-name and line. lock break refuses on backends that cannot free a lock
-safely; it asks for confirmation unless --yes.
+name and line.
+
+lock break frees NAME whoever holds it (file, redis, etcd; it refuses on
+flock and postgres, whose locks end only with their holder): it shows the
+holders and asks for confirmation unless --yes. The next holder's token is
+larger, and a fence kept under NAME in the same store rejects the freed
+holders' tokens from then on.
 
 Exit codes:
   0..255  lock run: the command's exit status (a signal n: 128+n)
-  1       the lock is held by someone else, or -w ran out (-E changes it)
+  1       the lock is held by someone else, or -w ran out (-E changes it);
+          lock break: nothing holds NAME
   64      bad flags or arguments
   69      the server could not be reached, or failed
   75      lock run: the lock was lost while the command ran
-  77      lock break: the backend cannot free the lock safely
+  77      lock break: refused (the backend cannot free the lock safely),
+          not confirmed, or the holders changed while it asked
   78      bad backend URL
   126     lock run: the command could not be started
   127     lock run: the command was not found

@@ -6,8 +6,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -176,18 +178,16 @@ func waiting(n int) string {
 }
 
 // A breaker frees a lock whose holder is gone, so that its fenced writes
-// fail afterwards. No backend has one yet (see breakRefusal).
+// fail afterwards: filelock, redislock and etcdlock have one.
 type breaker interface {
 	Break(ctx context.Context, name string) error
 }
 
-// breakRefusal says why each backend's locks cannot be broken from here.
+// breakRefusal says why the backends without a breaker cannot free a lock
+// from here.
 var breakRefusal = map[string]string{
-	"flock":     "a flock lock is a kernel lock on an open file: it ends only when its holder closes it or exits; stop the holder (lock inspect shows its pid)",
-	"pglock":    "a pglock lock belongs to a live Postgres session: it ends only with the session; end the holder's session (lock inspect shows its backend pid, for pg_terminate_backend)",
-	"filelock":  "filelock has no safe break operation yet; Factory.Sweep removes the markers of dead holders on this host",
-	"redislock": "redislock has no safe break operation yet; see docs/guides/redislock.md, Operators, for freeing a key by hand",
-	"etcdlock":  "etcdlock has no safe break operation yet; revoking the holder's lease (etcdctl lease revoke) frees its locks",
+	"flock":  "a flock lock is a kernel lock on an open file: it ends only when its holder closes it or exits; stop the holder (lock inspect shows its pid)",
+	"pglock": "a pglock lock belongs to a live Postgres session: it ends only with the session; end the holder's session (lock inspect shows its backend pid, for pg_terminate_backend)",
 }
 
 func breakCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -209,19 +209,54 @@ func breakCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lock: break %s refused: %s\n", name, breakRefusal[b.kind])
 		return exitRefused
 	}
+	bctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
 	if !*yes {
+		shown, err := b.Inspect(bctx, name)
+		if err != nil {
+			return fail(stderr, err)
+		}
+		if len(shown.Holders) == 0 {
+			fmt.Fprintf(stderr, "lock: %s is not held; nothing done\n", name)
+			return exitNotHeld
+		}
+		shown.Name = name
+		p := newPrinter(stderr, false)
+		p.print(shown)
+		p.flush()
 		fmt.Fprintf(stderr, "free %s on %s, whoever holds it? [y/N] ", name, redact(c.backend))
 		line, _ := bufio.NewReader(stdin).ReadString('\n')
 		if a := strings.TrimSpace(line); a != "y" && a != "yes" {
 			fmt.Fprintln(stderr, "lock: not confirmed; nothing done")
 			return exitRefused
 		}
+		// Break frees whoever holds the name when it runs: refuse if that
+		// is no longer who was shown (the holder was not gone after all).
+		ictx, cancel := context.WithTimeout(ctx, connectTimeout)
+		defer cancel()
+		now, err := b.Inspect(ictx, name)
+		if err != nil {
+			return fail(stderr, err)
+		}
+		if !sameHolders(shown, now) {
+			fmt.Fprintf(stderr, "lock: the holders of %s changed since they were shown; nothing done\n", name)
+			return exitRefused
+		}
+		bctx, cancel = context.WithTimeout(ctx, connectTimeout)
+		defer cancel()
 	}
-	bctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
 	if err := br.Break(bctx, name); err != nil {
+		if errors.Is(err, lock.ErrNotHeld) {
+			fmt.Fprintf(stderr, "lock: %s is not held; nothing done\n", name)
+			return exitNotHeld
+		}
 		return fail(stderr, err)
 	}
 	fmt.Fprintf(stdout, "freed %s\n", name)
 	return 0
+}
+
+// sameHolders reports whether a and b list the same holders' tokens.
+func sameHolders(a, b lock.Info) bool {
+	return slices.EqualFunc(a.Holders, b.Holders, func(x, y lock.HolderInfo) bool { return x.Token == y.Token })
 }

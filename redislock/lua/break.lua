@@ -1,0 +1,65 @@
+-- Frees a name whoever holds it (an operator's Break), keeping the token
+-- counter, and raises the fence record of the key equal to the name to one
+-- above the highest token it frees.
+-- KEYS: lock, slots, permits, <prefix>fence/{<esc>}.
+-- ARGV: channel.
+-- Reply: {} nothing held | {'m', "<id>:"} a mutex: the fence is raised and
+-- the caller releases it by the holder's id (mutex_release.lua, which
+-- hands it to the first waiter of its queue) | {'s'} every live permit of
+-- the semaphore deleted and its waiters woken, as sem_release.lua does |
+-- {'d'} a mutex value not in redislock's form (an operator's SET) deleted.
+--
+-- Tokens are decimal strings, compared and incremented as such (see
+-- fence.lua: Lua numbers are exact only up to 2^53).
+local function below(a, b)
+  if #a ~= #b then return #a < #b end
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return false
+end
+
+local function succ(s)
+  local i = #s
+  while i > 0 and string.byte(s, i) == 57 do i = i - 1 end -- '9'
+  if i == 0 then return '1' .. string.rep('0', #s) end
+  return string.sub(s, 1, i - 1) .. string.char(string.byte(s, i) + 1) .. string.rep('0', #s - i)
+end
+
+-- raise sets the fence record to one above the highest of toks, unless it
+-- is higher already.
+local function raise(toks)
+  local top = '0'
+  for i = 1, #toks do
+    if below(top, toks[i]) then top = toks[i] end
+  end
+  local floor = succ(top)
+  local cur = redis.call('GET', KEYS[4])
+  if not cur or below(cur, floor) then redis.call('SET', KEYS[4], floor) end
+end
+
+local v = redis.call('GET', KEYS[1])
+if v then
+  local _, _, id, tok = string.find(v, '^(%x+:)(%d+):')
+  if id then
+    raise({tok})
+    return {'m', id}
+  end
+  raise({})
+  redis.call('DEL', KEYS[1])
+  return {'d'}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ps = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now), '+inf')
+if #ps == 0 then return {} end
+local toks = {}
+for i = 1, #ps do
+  local _, _, tok = string.find(redis.call('HGET', KEYS[3], ps[i]) or '', '^(%d+):')
+  toks[i] = tok or '0'
+end
+raise(toks)
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('PUBLISH', ARGV[1], 'r')
+return {'s'}
