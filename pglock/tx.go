@@ -117,15 +117,7 @@ func (f *Factory) takeInTx(ctx context.Context, tx pgx.Tx, name string, o *lock.
 		defer cancel()
 	}
 	pc := tx.Conn().PgConn()
-	cancelled := make(chan struct{})
-	stop := context.AfterFunc(bound, func() {
-		defer close(cancelled)
-		cctx, cancel := context.WithTimeout(context.Background(), f.set.connectTimeout)
-		defer cancel()
-		if pc.CancelRequest(cctx) != nil {
-			pc.Conn().Close()
-		}
-	})
+	returned := cancelOnEnd(bound, pc, func() { pc.Conn().Close() }, f.set.connectTimeout)
 	var (
 		tok int64
 		pid int32
@@ -134,9 +126,7 @@ func (f *Factory) takeInTx(ctx context.Context, tx pgx.Tx, name string, o *lock.
 	// defaults to, so that nothing is prepared on a pooler's server
 	// connection.
 	err := tx.QueryRow(context.WithoutCancel(ctx), q, pgx.QueryExecModeExec, k.mutex, k.mark).Scan(&tok, &pid)
-	if !stop() {
-		<-cancelled // the cancel request is done: it cannot hit a later statement
-	}
+	returned()
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, ctx.Err() // cancelled: tx is aborted

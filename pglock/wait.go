@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
@@ -127,6 +128,41 @@ func (f *Factory) block(ctx context.Context, ws *session, e *entry, o *lock.Opti
 	return h, err
 }
 
+// cancelOnEnd cancels on the server, when ctx ends, the statement about to
+// run on pc. A cancel request that arrives before the statement started
+// is ignored (ctx may end just as it is sent), so the request is sent
+// again until the statement returns; if a request fails, or the statement
+// has not returned within timeout, closeConn ends it. The returned func is
+// called once the statement returned: after it no request is on its way,
+// so none can hit a later statement.
+func cancelOnEnd(ctx context.Context, pc *pgconn.PgConn, closeConn func(), timeout time.Duration) (returned func()) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(finished)
+		giveUp := time.Now().Add(timeout)
+		for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+			cctx, cancel := context.WithTimeout(context.Background(), timeout)
+			err := pc.CancelRequest(cctx)
+			cancel()
+			if err != nil || time.Now().After(giveUp) {
+				closeConn()
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(wait):
+			}
+		}
+	})
+	return func() {
+		close(done)
+		if !stop() {
+			<-finished
+		}
+	}
+}
+
 // errWaitLost: the wait session ended under the wait.
 var errWaitLost = errors.New("pglock: wait session ended")
 
@@ -163,27 +199,15 @@ func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Op
 	q, args := f.mutexStatement(e, o, pub, true)
 	sc := &sessionConn{s: ws, c: ws.conn, ctx: context.Background()}
 	// The statement runs without a deadline: ctx's end cancels it on the
-	// server (or, if the cancel request fails, closes the connection), and
-	// the cancel request is done before the next statement is sent, so it
-	// cannot hit that one.
-	cancelled := make(chan struct{})
-	stopCancel := context.AfterFunc(ctx, func() {
-		defer close(cancelled)
-		cctx, cancel := context.WithTimeout(context.Background(), f.set.connectTimeout)
-		defer cancel()
-		if sc.c.PgConn().CancelRequest(cctx) != nil {
-			ws.forceClose()
-		}
-	})
+	// server (see cancelOnEnd).
+	returned := cancelOnEnd(ctx, sc.c.PgConn(), ws.forceClose, f.set.connectTimeout)
 	stopClose := context.AfterFunc(f.life, ws.forceClose)
 	var (
 		tok int64
 		pid int32
 	)
 	err := sc.queryRow(q, args...).Scan(&tok, &pid)
-	if !stopCancel() {
-		<-cancelled
-	}
+	returned()
 	stopClose()
 	sctx, cancel := context.WithTimeout(context.Background(), f.set.stmtTimeout)
 	defer cancel()
