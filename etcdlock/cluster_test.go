@@ -67,6 +67,7 @@ func TestClusterConformance(t *testing.T) {
 // loss unreported and its key still on the server), tokens keep
 // increasing, and every contender gets the lock again after the kill.
 func TestClusterLeaderKilled(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	ms := startEtcdCluster(t, 3)
 	const contenders = 4
 	prefix := testPrefix(t)
@@ -198,6 +199,7 @@ func TestClusterLeaderKilled(t *testing.T) {
 // renew), and once the members are back the tokens of new holders are
 // larger than any before.
 func TestClusterQuorumLost(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	ms := startEtcdCluster(t, 3)
 	cli := dialCluster(t, ms)
 	prefix := testPrefix(t)

@@ -199,6 +199,7 @@ func startClusterOf(t *testing.T, per int) (masters, reps []*server) {
 // masters killed, the locks on the two live ones stay held through several
 // TTLs, while those on the dead one are lost at their deadline.
 func TestClusterDeadMasterLosesOnlyItsLocks(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	nodes := startCluster3(t)
 	var addrs []string
 	for _, n := range nodes {
@@ -263,6 +264,7 @@ func TestClusterDeadMasterLosesOnlyItsLocks(t *testing.T) {
 // Names and key prefixes with the characters of a hash tag: every key of
 // a name stays in one slot (no CROSSSLOT), and two names never share keys.
 func TestClusterHashTagNames(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	nodes := startCluster3(t)
 	var addrs []string
 	for _, n := range nodes {
@@ -366,6 +368,7 @@ func evalCalls(t *testing.T, rdb *redis.Client) (scripts, all int) {
 // master per pass, with a script per lock (locks in different slots
 // cannot share a script on a cluster), never a round trip per lock.
 func TestClusterRenewal10k(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	masters, _ := startClusterOf(t, 0)
 	var pc pipelines
 	cc := clusterClient(t, masters, pc.onNode)
@@ -432,6 +435,7 @@ func TestClusterRenewal10k(t *testing.T) {
 // its successor, with nobody else let in, or are reported lost; the locks
 // on the other masters stay held.
 func TestClusterFailover(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	masters, replicas := startClusterOf(t, 1)
 	nodes := append(masters, replicas...)
 	cc := clusterClient(t, nodes, nil)
@@ -545,6 +549,7 @@ func TestClusterFailover(t *testing.T) {
 // taken without it may not be (Redis replicates asynchronously): how
 // many were granted twice is logged, not checked.
 func TestClusterReplicaAck(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	// Two replicas each: after a failover the new master still has one,
 	// so that locks taken WithReplicaAck(1) can be renewed.
 	masters, replicas := startClusterOf(t, 2)

@@ -104,6 +104,7 @@ func TestSentinelConformance(t *testing.T) {
 // primary, and nobody else gets it, or reports the loss; new acquires go
 // to the new primary, with larger tokens.
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel() // waits for private servers, beside the others that do
 	sentinels, primary, replica := sentinelSetup(t)
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second
