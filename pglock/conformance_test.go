@@ -16,6 +16,12 @@ import (
 
 func TestConformance(t *testing.T) {
 	pool := newPool(t)
+	runConformance(t, pool, pool)
+}
+
+// runConformance runs the suite on factories of pool; direct reaches the
+// same server without a pooler in between (to end a holder's backend).
+func runConformance(t *testing.T, pool, direct *pgxpool.Pool) {
 	// Lockers from three factories: two New calls contend through
 	// Postgres when they land on different factories and through the
 	// in-process table when they land on the same one.
@@ -48,7 +54,7 @@ func TestConformance(t *testing.T) {
 			return f.AsLocker(opts...)
 		},
 		Lose: func(t testing.TB, h lock.Holder) {
-			terminate(t, pool, h.(*pglock.Holder).BackendPID())
+			terminate(t, direct, h.(*pglock.Holder).BackendPID())
 		},
 		Waiting: func(name string) int {
 			n := 0

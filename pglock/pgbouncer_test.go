@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/internal/testenv"
-	"github.com/ubgo/lock/locktest"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -135,44 +134,7 @@ func TestPgBouncerTransactionModeRefusedConcurrently(t *testing.T) {
 // disconnects, which is all session locks need: the conformance suite
 // passes through it.
 func TestPgBouncerSessionModeConformance(t *testing.T) {
-	pool := bouncerPool(t, "session")
-	direct := newPool(t)
-	var fs []*pglock.Factory
-	for i := 0; i < 3; i++ {
-		f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithHealthInterval(200*time.Millisecond), pglock.WithPollInterval(200*time.Millisecond))
-		t.Cleanup(func() { f.Close() })
-		fs = append(fs, f)
-	}
-	var n atomic.Int32
-	locktest.Run(t, locktest.Backend{
-		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
-			return fs[int(n.Add(1))%len(fs)].AsLocker(opts...)
-		},
-		ErrLocked:     pglock.ErrLocked,
-		ErrLockLost:   pglock.ErrLockLost,
-		Wait:          true,
-		Semaphore:     true,
-		Inspector:     func(testing.TB) lock.Inspector { return fs[0] },
-		Lister:        func(testing.TB) lock.Lister { return fs[1] },
-		ListOwnedOnly: true,
-		Lose: func(t testing.TB, h lock.Holder) {
-			// The backend behind PgBouncer, ended on the real server.
-			terminate(t, direct, h.(*pglock.Holder).BackendPID())
-		},
-		Waiting: func(name string) int {
-			n := 0
-			for _, f := range fs {
-				n += f.Waiting(name)
-			}
-			return n
-		},
-		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
-			f := pglock.NewFactory(pool, append([]lock.Option{pglock.WithLogger(nil)}, opts...)...)
-			t.Cleanup(func() { f.Close() })
-			return f
-		},
-		Name: "pglock",
-	})
+	runConformance(t, bouncerPool(t, "session"), newPool(t))
 }
 
 // Through session pooling, a factory's Close frees its locks on the server:
