@@ -129,7 +129,9 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 // start-up.
 func (f *Factory) Err() error { return f.cfg.Err }
 
-func checkOptions(o *lock.Options) error { return checkTTL(o.TTL) }
+func checkOptions(o *lock.Options) error {
+	return errors.Join(checkTTL(o.TTL), backend.NoShared(backendName, o))
+}
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits in FIFO order until a permit is its own or

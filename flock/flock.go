@@ -194,7 +194,7 @@ func checkPermits(o *lock.Options) error {
 	if o.MaxConcurrent > MaxPermits {
 		return fmt.Errorf("flock: %w: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
 	}
-	return nil
+	return backend.NoShared(backendName, o)
 }
 
 // take makes attempts until one gets the lock, in backend.Wait. The

@@ -22,6 +22,7 @@ func TestConformance(t *testing.T) {
 		Wait:        true,
 		Semaphore:   true,
 		Extend:      true,
+		Shared:      true,
 		TTL:         50 * time.Millisecond,
 		Inspector:   func(testing.TB) lock.Inspector { return f },
 		Lister:      func(testing.TB) lock.Lister { return f },

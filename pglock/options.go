@@ -242,5 +242,5 @@ func checkCall(o *lock.Options) error {
 	if o.MaxConcurrent > MaxPermits {
 		return fmt.Errorf("%w: WithMaxConcurrent(%d): pglock allows at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
 	}
-	return nil
+	return backend.NoShared(backendName, o)
 }
