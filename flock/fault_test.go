@@ -47,7 +47,11 @@ func TestChild(t *testing.T) {
 func childHold() {
 	limit, _ := strconv.Atoi(os.Getenv("FLOCK_LIMIT"))
 	l := flock.New(os.Getenv("FLOCK_NAME"), flock.WithDir(os.Getenv("FLOCK_DIR")), flock.WithMaxConcurrent(max(limit, 1)), flock.WithOwner("child"))
-	h, err := l.Acquire(context.Background())
+	var opts []flock.Option
+	if os.Getenv("FLOCK_SHARED") != "" {
+		opts = append(opts, flock.WithShared())
+	}
+	h, err := l.Acquire(context.Background(), opts...)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
@@ -200,6 +204,50 @@ func TestKilledHolderFreesAtOnce(t *testing.T) {
 	c.cmd.Wait()
 	mustAcquire(t, f, "pool", flock.WithMaxConcurrent(2)).Release()
 	p1.Release()
+}
+
+// A shared holder killed with SIGKILL frees its share at once, and a
+// writer killed while it waits (holding the want file that keeps new
+// readers out) lets readers in at once.
+func TestKilledSharedHolderAndWaitingWriter(t *testing.T) {
+	dir := t.TempDir()
+	f := quietFactory(t, dir)
+	ctx := context.Background()
+
+	c, token := startHolder(t, dir, "schema", "FLOCK_SHARED=1")
+	r := mustAcquire(t, f, "schema", flock.WithShared()) // beside the child
+	if _, err := f.Acquire(ctx, "schema"); !errors.Is(err, flock.ErrLocked) {
+		t.Fatalf("exclusive Acquire beside two readers = %v", err)
+	}
+	r.Release()
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+	h := mustAcquire(t, f, "schema") // no retry: the kernel freed the share
+	if h.Token() <= max(token, r.Token()) {
+		t.Fatalf("writer's token %d after readers' %d and %d", h.Token(), token, r.Token())
+	}
+	h.Release()
+
+	// A writer in another process waits behind a reader, then is killed.
+	r = mustAcquire(t, f, "schema", flock.WithShared())
+	w := testenv.Command(t, "wait", "TestChild", "FLOCK_DIR="+dir, "FLOCK_NAME=schema")
+	stdout, _ := w.StdoutPipe()
+	w.Stderr = os.Stderr
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Process.Kill(); w.Wait() })
+	wc := &child{cmd: w, lines: bufio.NewScanner(stdout)}
+	if l := wc.line(t); l != "waiting" {
+		t.Fatalf("waiting writer: %q", l)
+	}
+	if _, err := f.Acquire(ctx, "schema", flock.WithShared()); !errors.Is(err, flock.ErrLocked) {
+		t.Fatalf("a new reader while a writer waits = %v; want ErrLocked (writer preference)", err)
+	}
+	w.Process.Kill()
+	w.Wait()
+	mustAcquire(t, f, "schema", flock.WithShared()).Release() // no retry: the kernel freed the want file
+	r.Release()
 }
 
 // A stopped holder keeps the lock: others get ErrLocked and waits run out.

@@ -220,21 +220,25 @@ func (s *suite) sharedHandOff(t *testing.T) {
 	}
 }
 
-// sharedReaderStream: a writer gets a name that a stream of overlapping
-// readers keeps held, and no reader is inside while it holds.
+// sharedReaderStream: a writer gets a name that a stream of readers keeps
+// held without a gap — each reader releases only once another has come
+// in after it, or once a reader was turned away (ErrLocked: the writer
+// preference at work) — and no reader is inside while it holds. Without
+// writer preference no reader is turned away, and the writer never gets
+// in.
 func (s *suite) sharedReaderStream(t *testing.T) {
 	s.skipUnshared(t, true)
 	name := s.name(t, "x")
 	ctx := ctxT(t)
 	stop := make(chan struct{})
-	var readers, writers, reads atomic.Int32
-	var violations atomic.Int32
+	var readers, writers, entries, violations atomic.Int32
+	var turnedAway atomic.Bool
 	first := make(chan struct{})
 	var once sync.Once
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
 	for range 4 {
-		l := s.New(t, lock.WithShared(), lock.WithWait())
+		l := s.New(t, lock.WithShared())
 		wg.Go(func() {
 			for {
 				select {
@@ -243,6 +247,11 @@ func (s *suite) sharedReaderStream(t *testing.T) {
 				default:
 				}
 				h, err := l.Acquire(ctx, name)
+				if errors.Is(err, lock.ErrLocked) {
+					turnedAway.Store(true)
+					time.Sleep(time.Millisecond)
+					continue
+				}
 				if err != nil {
 					errc <- fmt.Errorf("reader: %w", err)
 					return
@@ -251,9 +260,11 @@ func (s *suite) sharedReaderStream(t *testing.T) {
 				if writers.Load() > 0 {
 					violations.Add(1)
 				}
-				reads.Add(1)
+				me := entries.Add(1)
 				once.Do(func() { close(first) })
-				time.Sleep(2 * time.Millisecond) // readers overlap: the name is never free for long
+				for entries.Load() == me && !turnedAway.Load() && !closed(stop) {
+					time.Sleep(100 * time.Microsecond) // until the next reader is in
+				}
 				readers.Add(-1)
 				if err := h.Release(); err != nil {
 					errc <- fmt.Errorf("reader's Release: %w", err)
@@ -263,27 +274,38 @@ func (s *suite) sharedReaderStream(t *testing.T) {
 		})
 	}
 	<-first
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	h, err := s.New(t, lock.WithWait()).Acquire(wctx, name)
-	cancel()
-	if err == nil {
-		writers.Add(1)
-		if readers.Load() > 0 {
-			violations.Add(1)
-		}
-		runtime.Gosched()
-		time.Sleep(time.Millisecond)
-		writers.Add(-1)
-		s.mustRelease(t, h)
+	type result struct {
+		h   lock.Holder
+		err error
 	}
+	wc := make(chan result, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		h, err := s.New(t, lock.WithWait()).Acquire(wctx, name)
+		if err == nil {
+			writers.Add(1)
+			if readers.Load() > 0 {
+				violations.Add(1)
+			}
+			runtime.Gosched()
+			time.Sleep(time.Millisecond)
+			writers.Add(-1)
+		}
+		wc <- result{h, err}
+	}()
+	w := <-wc
 	close(stop)
+	if w.err == nil {
+		s.mustRelease(t, w.h)
+	}
 	wg.Wait()
 	close(errc)
 	for err := range errc {
 		t.Error(err)
 	}
-	if err != nil {
-		t.Fatalf("a writer waiting behind a stream of readers (%d reads): %v", reads.Load(), err)
+	if w.err != nil {
+		t.Fatalf("a writer waiting behind a stream of readers (%d reads): %v", entries.Load(), w.err)
 	}
 	if n := violations.Load(); n > 0 {
 		t.Fatalf("%d times a reader and the writer held the name at once", n)
