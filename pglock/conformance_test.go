@@ -14,14 +14,21 @@ import (
 	"github.com/ubgo/lock/pglock"
 )
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t) }
+
+// TestConformanceNoWaitSessions runs the suite with every waiter retrying
+// on notifications (WithWaitSessions(0)): writers that wait so keep
+// readers out by the intent key, not by Postgres's queue.
+func TestConformanceNoWaitSessions(t *testing.T) { conformance(t, pglock.WithWaitSessions(0)) }
+
+func conformance(t *testing.T, opts ...pglock.Option) {
 	pool := newPool(t)
 	// Lockers from three factories: two New calls contend through
 	// Postgres when they land on different factories and through the
 	// in-process table when they land on the same one.
 	var fs []*pglock.Factory
 	for i := 0; i < 3; i++ {
-		f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithHealthInterval(200*time.Millisecond), pglock.WithPollInterval(200*time.Millisecond))
+		f := pglock.NewFactory(pool, append([]pglock.Option{pglock.WithLogger(nil), pglock.WithHealthInterval(200 * time.Millisecond), pglock.WithPollInterval(200 * time.Millisecond)}, opts...)...)
 		t.Cleanup(func() { f.Close() })
 		fs = append(fs, f)
 	}
@@ -34,6 +41,7 @@ func TestConformance(t *testing.T) {
 		ErrLockLost: pglock.ErrLockLost,
 		Wait:        true,
 		Semaphore:   true,
+		Shared:      true,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
 		Lister:      func(testing.TB) lock.Lister { return fs[1] },
 		// Plain holders write no row that List could find.
