@@ -288,9 +288,16 @@ func (c *call) wantPath() string { return c.file(".want") }
 
 // open opens (creating) a file of the call's name, creating the directory
 // when it is missing.
-func (c *call) open(path string) (sysFile, error) {
+func (c *call) open(path string) (sysFile, error) { return c.openFile(path, true) }
+
+// openWant opens (creating) the want file, read-only: it is only ever
+// locked, and closing a read-only file is no close-after-write event, so
+// the tries of readers and writers wake no waiter (see wait.go).
+func (c *call) openWant() (sysFile, error) { return c.openFile(c.wantPath(), false) }
+
+func (c *call) openFile(path string, write bool) (sysFile, error) {
 	for i := 0; ; i++ {
-		fd, err := sysOpen(path, true, true)
+		fd, err := sysOpen(path, write, true)
 		switch {
 		case err == nil:
 			return fd, nil
@@ -383,7 +390,7 @@ func (m *mutexAttempt) holdWant(c *call) (bool, error) {
 		}
 		m.dropWant()
 	}
-	fd, err := c.open(c.wantPath())
+	fd, err := c.openWant()
 	if err != nil {
 		return false, err
 	}
@@ -508,7 +515,7 @@ func (a *sharedAttempt) close() {
 
 // lockShared takes fd's shared lock if no writer waits.
 func (c *call) lockShared(fd sysFile) (bool, error) {
-	want, err := c.open(c.wantPath())
+	want, err := c.openWant()
 	if err != nil {
 		return false, err
 	}
