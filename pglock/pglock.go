@@ -511,11 +511,12 @@ func (f *Factory) mutexStatement(e *entry, o *lock.Options, pub, wait bool) (str
 // once or not at all, with its arguments; joining: this factory's readers
 // hold it already, on the same session.
 func (f *Factory) sharedStatement(e *entry, o *lock.Options, pub, joining bool) (string, []any) {
+	q := [2][2]string{{f.st.sharedAcquire, f.st.sharedAcquirePub}, {f.st.sharedJoin, f.st.sharedJoinPub}}[b2i(joining)][b2i(pub)]
 	if pub {
 		owner, meta := row(o)
-		return f.st.sharedAcquirePub, []any{e.keys.mutex, e.keys.mark, e.prefix, e.name, owner, meta, e.keys.intent, joining}
+		return q, []any{e.keys.mutex, e.keys.mark, e.prefix, e.name, owner, meta, e.keys.intent}
 	}
-	return f.st.sharedAcquire, []any{e.keys.mutex, e.keys.mark, e.keys.intent, joining}
+	return q, []any{e.keys.mutex, e.keys.mark, e.keys.intent}
 }
 
 // writerWaitsLocked reports whether a writer of this factory waits for e.

@@ -55,13 +55,14 @@ type statements struct {
 	schema string
 	exists string // true when every object is in place
 
-	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub     string
-	mutexWait, mutexWaitPub                                          string
-	sharedAcquire, sharedAcquirePub, sharedRelease, sharedReleasePub string
-	semAcquire, semRelease, relimit                                  string
-	epoch, rebase, token, retoken                                    string
-	unlock, inspectLimit, inspect                                    string
-	list                                                             string
+	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub string
+	mutexWait, mutexWaitPub                                      string
+	sharedAcquire, sharedAcquirePub, sharedJoin, sharedJoinPub   string
+	sharedRelease, sharedReleasePub                              string
+	semAcquire, semRelease, relimit                              string
+	epoch, rebase, token, retoken                                string
+	unlock, inspectLimit, inspect                                string
+	list                                                         string
 }
 
 func newStatements(schema string) *statements {
@@ -100,7 +101,8 @@ func newStatements(schema string) *statements {
 	// in Postgres's queue of the key makes the try fail by itself, unless
 	// the session holds the key already (@j@: a reader joins this
 	// factory's readers), which Postgres grants again without looking at
-	// its queue, so then pg_locks is asked — then the semaphore check and
+	// its queue, so then pg_locks is asked (only then: planning the view
+	// costs as much as the rest) — then the semaphore check and
 	// the token as for a mutex. Readers check the semaphore marker side by
 	// side, so one that finds it taken asks pg_locks whether a semaphore
 	// member holds it (shared) or only another reader's check (exclusive).
@@ -111,16 +113,19 @@ func newStatements(schema string) *statements {
 	held := func(key, mode, granted string) string {
 		return strings.NewReplacer("@key@", key, "@mode@", mode, "@granted@", granted).Replace(lockHeld)
 	}
-	sharedTry := `CASE WHEN @j@ AND ` + held("$1::int8", "ExclusiveLock", "false") + ` THEN -1
-		WHEN pg_try_advisory_xact_lock_shared(@i@) THEN
+	sharedTry := `CASE @j@ WHEN pg_try_advisory_xact_lock_shared(@i@) THEN
 			CASE WHEN pg_try_advisory_lock_shared($1::int8) THEN
 				CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN nextval(@ctr@::regclass)
 				WHEN NOT ` + held("$2::int8", "ShareLock", "true") + ` THEN nextval(@ctr@::regclass)
 				WHEN pg_advisory_unlock_shared($1::int8) THEN -2 ELSE -3 END
 			ELSE -1 END
 		ELSE -1 END`
-	shared := func(intent, join string) string {
-		return strings.NewReplacer("@ctr@", lit(q("pglock_token_counter")), "@i@", intent, "@j@", join).Replace(sharedTry)
+	shared := func(intent string, join bool) string {
+		j := ""
+		if join {
+			j = `WHEN ` + held("$1::int8", "ExclusiveLock", "false") + ` THEN -1`
+		}
+		return strings.NewReplacer("@ctr@", lit(q("pglock_token_counter")), "@i@", intent, "@j@", j).Replace(sharedTry)
 	}
 	return &statements{
 		schema: schema,
@@ -152,10 +157,11 @@ func newStatements(schema string) *statements {
 		mutexReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
 			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + handed + ` ELSE 0 END, pg_backend_pid()`,
 
-		// Shared: $3 the intent key, $4 joining; published, $7 and $8
-		// (after the row's).
-		sharedAcquire:    `SELECT ` + shared("$3::int8", "$4::bool") + `, pg_backend_pid()`,
-		sharedAcquirePub: pub(shared("$7::int8", "$8::bool")),
+		// Shared: $3 the intent key; published, $7 (after the row's).
+		sharedAcquire:    `SELECT ` + shared("$3::int8", false) + `, pg_backend_pid()`,
+		sharedAcquirePub: pub(shared("$7::int8", false)),
+		sharedJoin:       `SELECT ` + shared("$3::int8", true) + `, pg_backend_pid()`,
+		sharedJoinPub:    pub(shared("$7::int8", true)),
 		sharedRelease:    `SELECT CASE WHEN pg_advisory_unlock_shared($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
 		sharedReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
 			SELECT CASE WHEN pg_advisory_unlock_shared($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
