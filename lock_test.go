@@ -126,6 +126,32 @@ func TestApplyOptions(t *testing.T) {
 	}
 }
 
+// A name is shared or a semaphore: WithShared beside WithMaxConcurrent(n >
+// 1) is invalid, in one call or across defaults and a call, once.
+func TestSharedOption(t *testing.T) {
+	o, err := lock.Apply(lock.Options{}, lock.WithShared(), lock.WithMaxConcurrent(1))
+	if err != nil || !o.Shared {
+		t.Fatalf("WithShared with WithMaxConcurrent(1): %+v, %v", o, err)
+	}
+	sem, err := lock.Apply(lock.Options{}, lock.WithMaxConcurrent(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Apply(sem, lock.WithShared()); !errors.Is(err, lock.ErrInvalidOption) || !strings.Contains(err.Error(), "WithShared with WithMaxConcurrent(3)") {
+		t.Fatalf("WithShared over a semaphore default = %v; want ErrInvalidOption", err)
+	}
+	if _, err := lock.Apply(sem, lock.WithShared(), lock.WithMaxConcurrent(1)); err != nil {
+		t.Fatalf("WithShared with the default overridden to 1: %v", err)
+	}
+	both, err := lock.Apply(lock.Options{}, lock.WithMaxConcurrent(2), lock.WithShared())
+	if !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("WithMaxConcurrent(2), WithShared = %v; want ErrInvalidOption", err)
+	}
+	if _, err := lock.Apply(both, lock.WithWait()); err == nil || strings.Count(err.Error(), "WithShared") != 1 {
+		t.Fatalf("an invalid default reported again: %v; want it once", err)
+	}
+}
+
 func TestWaitError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()

@@ -27,6 +27,7 @@ type Options struct {
 	Metadata      map[string]string // free-form, shown by Inspect and in markers
 	NoAutoRenew   bool              // WithAutoRenew(false): only Extend renews a lease
 	MaxHold       time.Duration     // WithMaxHold: the longest a holder keeps the lock; 0: no bound
+	Shared        bool              // WithShared: hold the name in shared (read) mode
 	Logger        *slog.Logger      // nil: slog.Default(); WithLogger(nil) sets one that discards
 	Observer      Observer          // metrics and tracing hook; nil: none
 
@@ -43,6 +44,9 @@ func Apply(base Options, opts ...Option) (Options, error) {
 		if opt != nil {
 			opt(&o)
 		}
+	}
+	if o.Shared && o.MaxConcurrent > 1 && !(base.Shared && base.MaxConcurrent > 1) { // base reported it already
+		o.invalid("WithShared with WithMaxConcurrent(%d): a name is either shared or a semaphore", o.MaxConcurrent)
 	}
 	err := errors.Join(append(base.errs[:len(base.errs):len(base.errs)], o.errs...)...)
 	return o, err
@@ -176,6 +180,24 @@ func WithMaxHold(d time.Duration) Option {
 		o.MaxHold = d
 	}
 }
+
+// WithShared takes the name in shared (read) mode: any number of shared
+// holders hold it together, while an exclusive holder (an Acquire without
+// WithShared) holds it alone. The preference is the writers': once an
+// exclusive Acquire waits for the name, new shared Acquires wait behind
+// it (or fail with ErrLocked without WithWait), even while the name is
+// held shared, so a stream of readers never starves a writer.
+//
+// Tokens are drawn from the name's one counter: a shared holder's token
+// is above every exclusive holder's before it, and an exclusive holder's
+// above every shared holder's before it, so a fence can check both kinds.
+// Shared holders of one moment have distinct tokens.
+//
+// A name is either shared or a semaphore: WithShared with
+// WithMaxConcurrent(n > 1) is ErrInvalidOption. A backend that cannot
+// order shared and exclusive holders safely refuses WithShared with
+// ErrInvalidOption rather than take an exclusive lock instead.
+func WithShared() Option { return func(o *Options) { o.Shared = true } }
 
 // WithLogger sets the logger. Acquisitions, releases and contention are
 // logged at Debug, failures at Warn, lost locks at Warn. A nil logger turns

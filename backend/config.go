@@ -131,3 +131,14 @@ func (l *locker[H]) Config() (lock.Options, error) {
 	o, err := lock.Apply(l.c.Options, l.opts...)
 	return o, l.c.wrap(err)
 }
+
+// NoShared is the option check of a backend without a shared mode: it
+// refuses lock.WithShared with lock.ErrInvalidOption, so that a caller
+// asking for a shared lock hears of it instead of silently getting an
+// exclusive one.
+func NoShared(backend string, o *lock.Options) error {
+	if o.Shared {
+		return fmt.Errorf("%w: WithShared is not supported by %s", lock.ErrInvalidOption, backend)
+	}
+	return nil
+}

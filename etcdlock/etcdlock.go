@@ -31,6 +31,11 @@
 //   - Release deletes the holder's key only if it is still the key this
 //     holder created, so a late Release never frees a successor's lock.
 //
+// Shared mode (WithShared) orders readers and writers by revision too: a
+// reader's key waits for the exclusive keys created before it, a writer's
+// for every key before it, so readers that come after a waiting writer
+// wait behind it (writer preference), and tokens order both ways.
+//
 // The server must support KV, Txn with range comparisons, Lease and Watch:
 // etcd 3.3 or later.
 package etcdlock
@@ -166,7 +171,10 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 // leaves no '/' in a name, so no directory contains another's. Under it,
 // each holder or waiter is <limit>/<factory id>-<n>: the limit in the key so
 // that a holder with another limit is seen without reading values, and n the
-// lowest number this factory is not using for the name. Names are reused on
+// lowest number this factory is not using for the name; a shared holder's
+// (WithShared) is <limit>/~<factory id>-<n>, so that the exclusive keys of
+// a name are the range [<limit>/, <limit>/~) (factory ids are hex) and a
+// transaction can ask whether any is there. Names are reused on
 // purpose: etcd keeps every deleted key in its index until the next
 // compaction, and a range over a name's directory (each acquire compares
 // one) would otherwise walk one entry per acquire ever made.
@@ -177,6 +185,8 @@ type queue struct {
 	prefix string // the factory's watched prefix
 	dir    string // prefix + escaped name + "/"
 	slots  string // dir + limit + "/": the holders and waiters of this limit
+	keys   string // where its key goes: slots, or slots + "~" when shared
+	shared bool   // WithShared: waits only for the exclusive keys before its own
 	limit  int
 	ttl    time.Duration
 	renew  bool
@@ -187,10 +197,24 @@ type queue struct {
 func newQueue(name string, o *lock.Options) *queue {
 	prefix := prefixOf(o)
 	dir := prefix + backend.Escape(name) + "/"
-	return &queue{
-		name: name, prefix: prefix, dir: dir, slots: dir + strconv.Itoa(o.Limit()) + "/",
+	q := &queue{
+		name: name, prefix: prefix, dir: dir, slots: dir + strconv.Itoa(o.Limit()) + "/", shared: o.Shared,
 		limit: o.Limit(), ttl: ttlOf(o), renew: !o.NoAutoRenew, wait: o.Wait, opts: o,
 	}
+	q.keys = q.slots
+	if q.shared {
+		q.keys += sharedMark
+	}
+	return q
+}
+
+// sharedMark starts the last segment of a shared holder's key.
+const sharedMark = "~"
+
+// isShared reports whether key is a shared holder's.
+func isShared(key string) bool {
+	i := strings.LastIndexByte(key, '/')
+	return strings.HasPrefix(key[i+1:], sharedMark)
 }
 
 // rangeEnd is the end of the range of keys that start with p.
@@ -308,7 +332,7 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 	if err := f.settle(ctx, q.dir); err != nil {
 		return nil, err
 	}
-	c := f.claimKey(q.slots)
+	c := f.claimKey(q.keys)
 	since := time.Now()
 	val, _ := json.Marshal(record{Owner: q.opts.Owner, Process: f.process, Since: since, Metadata: q.opts.Metadata})
 	var ws *waitState
@@ -356,7 +380,7 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 			// Left over (a lost lock of a dead lease): skip the name, and
 			// check that the next one is absent.
 			w.untrack(c)
-			c = f.claimKey(q.slots)
+			c = f.claimKey(q.keys)
 			if implied {
 				implied = false
 			} else {
@@ -365,6 +389,42 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 		}
 	}
 
+	// Keys of other limits, which make a mismatch: [below, slots) and
+	// [above, end of dir).
+	below, above := q.dir, rangeEnd(q.slots)
+	others := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(below).WithRange(q.slots), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(above).WithRange(rangeEnd(q.dir)), "=", 0),
+	}
+	othersOps := []clientv3.Op{
+		clientv3.OpGet(below, clientv3.WithRange(q.slots), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
+		clientv3.OpGet(above, clientv3.WithRange(rangeEnd(q.dir)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
+	}
+	mismatched := func(resp *clientv3.TxnResponse) error {
+		for _, r := range resp.Responses[:2] {
+			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
+				n, _ := limitOf(q.dir, string(kvs[0].Key))
+				return f.mismatch(q, n)
+			}
+		}
+		return nil
+	}
+	if !q.wait && q.shared {
+		// Write only if no exclusive key is there, holding or waiting
+		// (writer preference), nor a key of another limit.
+		cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.slots).WithRange(q.slots+sharedMark), "=", 0)}, others...)
+		resp, err := commit(false, cmps, nil, othersOps)
+		if err != nil {
+			return nil, err
+		}
+		if resp.Succeeded {
+			return f.admit(ctx, w, s, q, c, resp.Header.Revision, since)
+		}
+		if err := mismatched(resp); err != nil {
+			return unwritten(err)
+		}
+		return unwritten(ErrLocked)
+	}
 	if !q.wait {
 		// Write only if the name is free, or every key seen is still there
 		// and a permit was free: then the new key is among the first n. No
@@ -397,32 +457,24 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 	}
 
 	// Queue: the key goes in unless keys of another limit are there, and the
-	// keys ahead of it are read in the same transaction.
-	below, above := q.dir, rangeEnd(q.slots) // the other limits: [below, slots) and [above, end of dir)
-	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(below).WithRange(q.slots), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(above).WithRange(rangeEnd(q.dir)), "=", 0),
-	}
-	others := []clientv3.Op{
-		clientv3.OpGet(below, clientv3.WithRange(q.slots), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
-		clientv3.OpGet(above, clientv3.WithRange(rangeEnd(q.dir)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
-	}
+	// keys ahead of it are read in the same transaction. A shared key
+	// waits only for the exclusive keys ahead of it, an exclusive one for
+	// every key: the revision order is the order of service, and a
+	// reader that comes after a waiting writer waits behind it.
+	behind := func(key string) bool { return !q.shared || !isShared(key) }
 	all := clientv3.OpGet(q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	var resp *clientv3.TxnResponse
 	for {
 		var err error
-		resp, err = commit(false, cmps, []clientv3.Op{all}, others)
+		resp, err = commit(false, others, []clientv3.Op{all}, othersOps)
 		if err != nil {
 			return nil, err
 		}
 		if resp.Succeeded {
 			break
 		}
-		for _, r := range resp.Responses[:2] {
-			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
-				n, _ := limitOf(q.dir, string(kvs[0].Key))
-				return unwritten(f.mismatch(q, n))
-			}
+		if err := mismatched(resp); err != nil {
+			return unwritten(err)
 		}
 		if err := ctx.Err(); err != nil {
 			return unwritten(err)
@@ -431,7 +483,7 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 	rev := resp.Header.Revision
 	ahead := map[string]bool{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if kv.CreateRevision < rev {
+		if kv.CreateRevision < rev && behind(string(kv.Key)) {
 			ahead[string(kv.Key)] = true
 		}
 	}
@@ -470,7 +522,7 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 				switch {
 				case string(kv.Key) == c.key && kv.CreateRevision == rev:
 					mine = true
-				case kv.CreateRevision < rev:
+				case kv.CreateRevision < rev && behind(string(kv.Key)):
 					ahead[string(kv.Key)] = true
 				}
 			}
@@ -725,7 +777,13 @@ func (f *Factory) infoOf(ctx context.Context, name, dir string, kvs []*mvccpb.Ke
 		return info
 	}
 	info.Limit, _ = limitOf(dir, string(kvs[0].Key))
-	held := kvs[:min(max(info.Limit, 1), len(kvs))]
+	n := min(max(info.Limit, 1), len(kvs))
+	if isShared(string(kvs[0].Key)) { // shared holders: up to the first exclusive key
+		for n < len(kvs) && isShared(string(kvs[n].Key)) {
+			n++
+		}
+	}
+	held := kvs[:n]
 	info.Waiting = len(kvs) - len(held)
 	for _, kv := range held {
 		var r record

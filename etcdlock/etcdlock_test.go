@@ -44,6 +44,7 @@ func conformance(t *testing.T, cli, operator *clientv3.Client, ttl time.Duration
 		ErrLockLost: etcdlock.ErrLockLost,
 		Wait:        true,
 		Semaphore:   true,
+		Shared:      true,
 		Extend:      true,
 		TTL:         ttl,
 		Inspector:   func(t testing.TB) lock.Inspector { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },

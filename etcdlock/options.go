@@ -59,6 +59,13 @@ func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 // ErrMaxHold and its key deleted; see lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
+// WithShared takes the name shared, beside other shared holders; see
+// lock.WithShared. Keys are served in revision order: a shared key waits
+// for the exclusive keys created before it, an exclusive key for every
+// key before it, so a reader that comes after a waiting writer waits
+// behind it.
+func WithShared() Option { return lock.WithShared() }
+
 // WithOwner records who holds the lock, for Inspect and etcdctl.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
 

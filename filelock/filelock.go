@@ -107,7 +107,7 @@ func validate(o *lock.Options) error {
 	if o.TTL != 0 && o.TTL < MinStaleAfter {
 		return fmt.Errorf("%w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
 	}
-	return nil
+	return backend.NoShared(backendName, o)
 }
 
 func ttlOf(o *lock.Options) time.Duration {

@@ -47,7 +47,11 @@ func TestChild(t *testing.T) {
 func childHold() {
 	limit, _ := strconv.Atoi(os.Getenv("FLOCK_LIMIT"))
 	l := flock.New(os.Getenv("FLOCK_NAME"), flock.WithDir(os.Getenv("FLOCK_DIR")), flock.WithMaxConcurrent(max(limit, 1)), flock.WithOwner("child"))
-	h, err := l.Acquire(context.Background())
+	var opts []flock.Option
+	if os.Getenv("FLOCK_SHARED") != "" {
+		opts = append(opts, flock.WithShared())
+	}
+	h, err := l.Acquire(context.Background(), opts...)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
@@ -202,6 +206,50 @@ func TestKilledHolderFreesAtOnce(t *testing.T) {
 	p1.Release()
 }
 
+// A shared holder killed with SIGKILL frees its share at once, and a
+// writer killed while it waits (holding the want file that keeps new
+// readers out) lets readers in at once.
+func TestKilledSharedHolderAndWaitingWriter(t *testing.T) {
+	dir := t.TempDir()
+	f := quietFactory(t, dir)
+	ctx := context.Background()
+
+	c, token := startHolder(t, dir, "schema", "FLOCK_SHARED=1")
+	r := mustAcquire(t, f, "schema", flock.WithShared()) // beside the child
+	if _, err := f.Acquire(ctx, "schema"); !errors.Is(err, flock.ErrLocked) {
+		t.Fatalf("exclusive Acquire beside two readers = %v", err)
+	}
+	r.Release()
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+	h := mustAcquire(t, f, "schema") // no retry: the kernel freed the share
+	if h.Token() <= max(token, r.Token()) {
+		t.Fatalf("writer's token %d after readers' %d and %d", h.Token(), token, r.Token())
+	}
+	h.Release()
+
+	// A writer in another process waits behind a reader, then is killed.
+	r = mustAcquire(t, f, "schema", flock.WithShared())
+	w := testenv.Command(t, "wait", "TestChild", "FLOCK_DIR="+dir, "FLOCK_NAME=schema")
+	stdout, _ := w.StdoutPipe()
+	w.Stderr = os.Stderr
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Process.Kill(); w.Wait() })
+	wc := &child{cmd: w, lines: bufio.NewScanner(stdout)}
+	if l := wc.line(t); l != "waiting" {
+		t.Fatalf("waiting writer: %q", l)
+	}
+	if _, err := f.Acquire(ctx, "schema", flock.WithShared()); !errors.Is(err, flock.ErrLocked) {
+		t.Fatalf("a new reader while a writer waits = %v; want ErrLocked (writer preference)", err)
+	}
+	w.Process.Kill()
+	w.Wait()
+	mustAcquire(t, f, "schema", flock.WithShared()).Release() // no retry: the kernel freed the want file
+	r.Release()
+}
+
 // A stopped holder keeps the lock: others get ErrLocked and waits run out.
 // Once it continues and releases, a waiter gets the lock.
 func TestStoppedHolderKeepsLock(t *testing.T) {
@@ -308,20 +356,31 @@ func childHammer(t *testing.T) {
 		t.Fatal(err)
 	}
 	limit, _ := strconv.Atoi(os.Getenv("FLOCK_LIMIT"))
+	kind := os.Getenv("FLOCK_KIND") // FLOCK_MODE=shared: "r" a reader, "w" a writer
 	pid := os.Getpid()
-	// One sentinel per slot: a permit's holder is alone in its slot.
+	// One sentinel per slot: a permit's holder is alone in its slot. A
+	// reader only looks for a writer's.
 	inside := func(token uint64, slot string) {
 		sentinel := os.Getenv("FLOCK_SENTINEL") + "." + slot
+		if kind == "r" {
+			if _, err := os.Stat(sentinel); err == nil {
+				fmt.Fprintf(logf, "overlap %d %d %s\n", pid, token, kind)
+			}
+			fmt.Fprintf(logf, "enter %d %d %s\n", pid, token, kind)
+			time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+			fmt.Fprintf(logf, "exit %d %d %s\n", pid, token, kind)
+			return
+		}
 		if s, err := os.OpenFile(sentinel, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); err != nil {
-			fmt.Fprintf(logf, "overlap %d %d\n", pid, token)
+			fmt.Fprintf(logf, "overlap %d %d%s\n", pid, token, suffix(kind))
 		} else {
 			s.Close()
 		}
-		fmt.Fprintf(logf, "enter %d %d\n", pid, token)
+		fmt.Fprintf(logf, "enter %d %d%s\n", pid, token, suffix(kind))
 		for i := rand.IntN(3); i > 0; i-- {
 			time.Sleep(time.Duration(rand.IntN(100)) * time.Microsecond)
 		}
-		fmt.Fprintf(logf, "exit %d %d\n", pid, token)
+		fmt.Fprintf(logf, "exit %d %d%s\n", pid, token, suffix(kind))
 		os.Remove(sentinel)
 	}
 	f := flock.NewFactory(flock.WithDir(dir), flock.WithLogger(nil), flock.WithMaxConcurrent(max(limit, 1)))
@@ -334,6 +393,9 @@ func childHammer(t *testing.T) {
 			continue
 		}
 		var opts []flock.Option
+		if kind == "r" {
+			opts = append(opts, flock.WithShared())
+		}
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if i%3 == 0 {
 			opts = append(opts, flock.WithWait())
@@ -363,6 +425,13 @@ func childHammer(t *testing.T) {
 	fmt.Println("sections", n)
 }
 
+func suffix(kind string) string {
+	if kind == "" {
+		return ""
+	}
+	return " " + kind
+}
+
 // naiveSection is the classic broken protocol this package must not
 // follow: lock, work, close, unlink.
 func naiveSection(path string, inside func(uint64)) {
@@ -387,10 +456,17 @@ func hammer(t *testing.T, mode string, n, limit int, d time.Duration) (int, []st
 	var children []*exec.Cmd
 	var outs []*strings.Builder
 	for i := 0; i < n; i++ {
+		kind := ""
+		if mode == "shared" {
+			kind = "r" // a third writers, the rest readers
+			if i%3 == 0 {
+				kind = "w"
+			}
+		}
 		cmd := testenv.Command(t, "hammer", "TestChild",
 			"FLOCK_DIR="+filepath.Join(dir, "locks"), "FLOCK_NAME=hot", "FLOCK_LOG="+logPath,
 			"FLOCK_SENTINEL="+filepath.Join(dir, "inside"), "FLOCK_MODE="+mode, "FLOCK_LIMIT="+strconv.Itoa(limit),
-			"FLOCK_UNTIL="+strconv.FormatInt(until, 10))
+			"FLOCK_UNTIL="+strconv.FormatInt(until, 10), "FLOCK_KIND="+kind)
 		out := &strings.Builder{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if mode == "naive" {
@@ -426,7 +502,67 @@ func hammer(t *testing.T, mode string, n, limit int, d time.Duration) (int, []st
 	if err != nil {
 		t.Fatal(err)
 	}
+	if mode == "shared" {
+		return sections, checkSharedLog(string(b))
+	}
 	return sections, checkLog(string(b), limit, mode != "naive")
+}
+
+// checkSharedLog verifies a log of readers (r) and writers (w): a writer
+// enters only when nobody is inside, a reader only when no writer is; a
+// writer's token is above every token entered before it, a reader's above
+// every writer's before it; tokens are unique.
+func checkSharedLog(log string) []string {
+	var bad []string
+	open := map[string]string{} // "pid token" -> kind
+	seen := map[string]bool{}
+	var maxTok, maxWriter uint64
+	writers := func() (n int) {
+		for _, k := range open {
+			if k == "w" {
+				n++
+			}
+		}
+		return n
+	}
+	for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 4 {
+			bad = append(bad, "malformed: "+l)
+			continue
+		}
+		id, kind := f[1]+" "+f[2], f[3]
+		tok, _ := strconv.ParseUint(f[2], 10, 64)
+		switch f[0] {
+		case "overlap":
+			bad = append(bad, "a writer's sentinel present on entry: "+l)
+		case "enter":
+			switch {
+			case kind == "w" && len(open) > 0:
+				bad = append(bad, fmt.Sprintf("writer %s entered with %d inside", id, len(open)))
+			case kind == "r" && writers() > 0:
+				bad = append(bad, fmt.Sprintf("reader %s entered beside a writer", id))
+			}
+			if seen[f[2]] {
+				bad = append(bad, "token handed out twice: "+f[2])
+			}
+			seen[f[2]] = true
+			if kind == "w" && tok <= maxTok || kind == "r" && tok <= maxWriter {
+				bad = append(bad, fmt.Sprintf("%s token %d after %d (last writer's %d)", kind, tok, maxTok, maxWriter))
+			}
+			open[id] = kind
+			maxTok = max(maxTok, tok)
+			if kind == "w" {
+				maxWriter = tok
+			}
+		case "exit":
+			if _, ok := open[id]; !ok {
+				bad = append(bad, "exit without its enter: "+l)
+			}
+			delete(open, id)
+		}
+	}
+	return bad
 }
 
 // checkLog verifies that critical sections never overlapped beyond limit:
@@ -499,6 +635,24 @@ func TestProcessesSemaphoreNeverOverAdmit(t *testing.T) {
 		d = time.Second
 	}
 	sections, bad := hammer(t, "flock", 4, 2, d)
+	t.Logf("%d critical sections in %v", sections, d)
+	if len(bad) > 0 {
+		t.Fatalf("%d violations, first: %s", len(bad), strings.Join(bad[:min(len(bad), 10)], "\n"))
+	}
+	if sections < 20 {
+		t.Fatalf("only %d critical sections: no churn to speak of", sections)
+	}
+}
+
+// Six processes, two writers and four readers, take one name over and
+// over with sweeping churn: a writer is never inside beside anyone, tokens
+// order readers after writers and writers after everyone.
+func TestProcessesSharedNeverOverlap(t *testing.T) {
+	d := 3 * time.Second
+	if testing.Short() {
+		d = time.Second
+	}
+	sections, bad := hammer(t, "shared", 6, 1, d)
 	t.Logf("%d critical sections in %v", sections, d)
 	if len(bad) > 0 {
 		t.Fatalf("%d violations, first: %s", len(bad), strings.Join(bad[:min(len(bad), 10)], "\n"))

@@ -21,6 +21,13 @@
 //     counter restarts at max(fence+1, clock), never low.
 //   - A killed holder frees its lock at once; a stopped one (SIGSTOP)
 //     keeps it until it resumes and releases or dies.
+//   - Shared mode (WithShared): readers hold a shared lock on the name's
+//     file, together; a writer alone. A writer that waits holds the
+//     name's <esc>.want file exclusively, and every reader takes it
+//     shared for a moment before its own lock, so readers that come
+//     while a writer waits wait behind it (flock(2) alone would let them
+//     starve it). All of it is the kernel's, so SIGKILL at any step frees
+//     what the process held.
 //
 // Assumptions: every process uses this package (or its protocol) on the
 // same directory of a local file system (one host); nobody deletes,
@@ -215,9 +222,12 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	c.f, c.ctx, c.name, c.o, c.limit = f, ctx, name, o, o.Limit()
 	f.autoSweep(dir, sweepAfter(o))
 
-	var a attempt = &mutexAttempt{fd: noFile}
-	if c.limit > 1 {
+	var a attempt = &mutexAttempt{fd: noFile, want: noFile}
+	switch {
+	case c.limit > 1:
 		a = newSemAttempt(c.limit)
+	case o.Shared:
+		a = &sharedAttempt{fd: noFile}
 	}
 	defer a.close()
 	watched := false
@@ -272,11 +282,22 @@ func (c *call) file(suffix string) string { return filepath.Join(c.dir, c.esc+su
 
 func (c *call) slotPath(i int) string { return c.file("." + strconv.Itoa(i) + ".lock") }
 
+// wantPath is <esc>.want, which a waiting writer locks to keep new readers
+// out (WithShared).
+func (c *call) wantPath() string { return c.file(".want") }
+
 // open opens (creating) a file of the call's name, creating the directory
 // when it is missing.
-func (c *call) open(path string) (sysFile, error) {
+func (c *call) open(path string) (sysFile, error) { return c.openFile(path, true) }
+
+// openWant opens (creating) the want file, read-only: it is only ever
+// locked, and closing a read-only file is no close-after-write event, so
+// the tries of readers and writers wake no waiter (see wait.go).
+func (c *call) openWant() (sysFile, error) { return c.openFile(c.wantPath(), false) }
+
+func (c *call) openFile(path string, write bool) (sysFile, error) {
 	for i := 0; ; i++ {
-		fd, err := sysOpen(path, true, true)
+		fd, err := sysOpen(path, write, true)
 		switch {
 		case err == nil:
 			return fd, nil
@@ -337,7 +358,8 @@ type attempt interface {
 // mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
 type mutexAttempt struct {
 	fd     sysFile
-	reused bool // fd was opened before an earlier, failed try
+	reused bool    // fd was opened before an earlier, failed try
+	want   sysFile // <esc>.want, locked exclusively while a writer waits
 }
 
 func (m *mutexAttempt) close() {
@@ -345,6 +367,42 @@ func (m *mutexAttempt) close() {
 		sysClose(m.fd)
 		m.fd = noFile
 	}
+	m.dropWant()
+}
+
+func (m *mutexAttempt) dropWant() {
+	if m.want != noFile {
+		sysClose(m.want)
+		m.want = noFile
+	}
+}
+
+// holdWant takes, for a writer that waits, the exclusive lock of
+// <esc>.want that keeps new readers out (see sharedAttempt), and keeps it
+// until the writer holds the name or gives up. It reports whether it took
+// it just now. A want file swept away since is taken again at the path;
+// one that another writer holds, or a reader for a moment, is tried again
+// at the next attempt. The kernel frees it when the writer dies.
+func (m *mutexAttempt) holdWant(c *call) (bool, error) {
+	if m.want != noFile {
+		if same, err := sysSameFile(m.want, c.wantPath()); err != nil || same {
+			return false, err
+		}
+		m.dropWant()
+	}
+	fd, err := c.openWant()
+	if err != nil {
+		return false, err
+	}
+	if ok, err := sysTryLock(fd, true); err != nil || !ok {
+		sysClose(fd)
+		if err != nil {
+			return false, fmt.Errorf("flock: %w", err)
+		}
+		return false, nil
+	}
+	m.want = fd
+	return true, nil
 }
 
 func (m *mutexAttempt) try(c *call) (*Holder, error) {
@@ -371,6 +429,18 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 				continue
 			case valid && !rec.dead && rec.limit > 1:
 				return nil, c.mismatch(rec.limit) // semaphore permits hold it
+			}
+			if c.o.Wait {
+				// A writer that waits keeps new readers out, and tries
+				// once more in case the name was freed meanwhile.
+				took, err := m.holdWant(c)
+				if err != nil {
+					m.close()
+					return nil, err
+				}
+				if took && spins < maxDeadSpins {
+					continue
+				}
 			}
 			return nil, ErrLocked
 		}
@@ -416,6 +486,147 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 		}
 		h := c.newHolder(m.fd, noFile, "", token, now)
 		m.fd = noFile
+		m.dropWant() // readers that come now wait for h
+		return h, nil
+	}
+}
+
+// sharedAttempt takes a name in shared mode (WithShared): a shared lock on
+// <esc>.lock, which every reader takes while it holds a shared lock of
+// <esc>.want for a moment. A writer that waits holds <esc>.want
+// exclusively (mutexAttempt.holdWant), so a reader that comes meanwhile
+// finds it busy and waits behind the writer: flock(2) alone would let a
+// stream of readers starve the writer. Both locks are the kernel's, so a
+// process killed at any step leaves neither behind.
+//
+// Readers write the name's record — its token counter, with the latest
+// reader as holder — under the guard, as semaphore members do.
+type sharedAttempt struct {
+	fd     sysFile
+	reused bool
+}
+
+func (a *sharedAttempt) close() {
+	if a.fd != noFile {
+		sysClose(a.fd)
+		a.fd = noFile
+	}
+}
+
+// lockShared takes fd's shared lock if no writer waits.
+func (c *call) lockShared(fd sysFile) (bool, error) {
+	want, err := c.openWant()
+	if err != nil {
+		return false, err
+	}
+	defer sysClose(want)
+	if ok, err := sysTryLock(want, false); err != nil || !ok {
+		if err != nil {
+			return false, fmt.Errorf("flock: %w", err)
+		}
+		return false, nil
+	}
+	ok, err := sysTryLock(fd, false)
+	if err != nil {
+		return false, fmt.Errorf("flock: %w", err)
+	}
+	return ok, nil
+}
+
+func (a *sharedAttempt) try(c *call) (*Holder, error) {
+	for spins, mismatches := 0, 0; ; spins++ {
+		if a.fd == noFile {
+			fd, err := c.open(c.namePath)
+			if err != nil {
+				return nil, err
+			}
+			a.fd, a.reused = fd, false
+		}
+		ok, err := c.lockShared(a.fd)
+		if err != nil {
+			a.close()
+			return nil, err
+		}
+		if !ok {
+			// A writer holds it or waits for it (or a sweep, for a moment).
+			a.reused = true
+			rec, valid, _ := readRecord(a.fd)
+			switch {
+			case valid && rec.dead && spins < maxDeadSpins:
+				a.close()
+				continue
+			case valid && !rec.dead && rec.limit > 1:
+				return nil, c.mismatch(rec.limit)
+			}
+			return nil, ErrLocked
+		}
+		if a.reused {
+			if same, err := sysSameFile(a.fd, c.namePath); err != nil || !same {
+				a.close()
+				if err != nil {
+					return nil, fmt.Errorf("flock: %w", err)
+				}
+				continue
+			}
+		}
+		now := time.Now()
+		var token uint64
+		var again, converted bool
+		limit := 0 // a semaphore's, which holds the name
+		err = c.underGuard(func() error {
+			rec, valid, err := readRecord(a.fd)
+			switch {
+			case err != nil:
+				return fmt.Errorf("flock: reading lock file: %w", err)
+			case valid && rec.dead: // swept before we locked it
+				again = true
+				return nil
+			case valid && rec.limit > 1:
+				// Semaphore members hold it, or held it last. Alone (the
+				// lock converts), a reader may take it over.
+				ok, err := sysTryLock(a.fd, true)
+				if err != nil || !ok {
+					again, limit = true, rec.limit // the conversion dropped our lock
+					return err
+				}
+				converted = true
+			case !valid:
+				// A new file, or a damaged one: start above every swept
+				// name's last token.
+				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+					return err
+				}
+			}
+			token = backend.NextToken(rec.token, now)
+			out := c.holderRecord(token, now)
+			out.limit = 1
+			if err := writeRecord(a.fd, &out); err != nil {
+				return err
+			}
+			if converted {
+				if ok, err := sysDowngrade(a.fd); err != nil || !ok {
+					again = true // the kernel let someone in between
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			a.close()
+			return nil, err
+		}
+		if again {
+			a.close()
+			if mismatches++; mismatches > 1 {
+				if limit > 1 {
+					return nil, c.mismatch(limit)
+				}
+				return nil, ErrLocked
+			}
+			continue
+		}
+		h := c.newHolder(a.fd, noFile, "", token, now)
+		a.fd = noFile
 		return h, nil
 	}
 }
@@ -770,6 +981,16 @@ func (c *call) inspect() (info lock.Info, again bool, err error) {
 	if !valid {
 		// Free and never written, or caught while a member wrote it.
 		return info, fileHasData(fd), nil
+	}
+	if !rec.dead && rec.limit <= 1 && rec.pid != 0 {
+		// Free, or held shared (WithShared): readers keep the exclusive
+		// lock out. The latest reader's record stands for them.
+		if free, err := sysTryLock(fd, true); err != nil || free {
+			return info, false, err
+		}
+		info.Limit = 1
+		info.Holders = []lock.HolderInfo{holderInfo(rec)}
+		return info, false, nil
 	}
 	if rec.dead || rec.limit <= 1 {
 		return info, false, nil

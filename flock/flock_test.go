@@ -35,6 +35,7 @@ func TestConformance(t *testing.T) {
 		ErrLockLost: flock.ErrLockLost,
 		Wait:        true,
 		Semaphore:   true,
+		Shared:      true,
 		Inspector:   func(t testing.TB) lock.Inspector { return factory(t) },
 		Lister:      func(t testing.TB) lock.Lister { return factory(t) },
 		// In production a lock is lost when its file is deleted behind

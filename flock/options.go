@@ -41,6 +41,11 @@ func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 // lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
+// WithShared takes the name in shared mode (LOCK_SH), beside other
+// shared holders; see lock.WithShared. A writer that waits holds the
+// name's <esc>.want file exclusively, so new readers wait behind it.
+func WithShared() Option { return lock.WithShared() }
+
 // WithOwner records who holds the lock (a job or trace id) in the lock
 // file, where Inspect and cat show it. Default: none, and Inspect reports
 // pid@host.

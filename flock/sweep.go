@@ -255,6 +255,8 @@ func splitFile(file string) (esc, kind string, ok bool) {
 		return esc, "lock", true
 	case rest == "guard":
 		return esc, "guard", true
+	case rest == "want":
+		return esc, "want", true
 	}
 	if n, ok := strings.CutSuffix(rest, ".lock"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
 		return esc, "slot", true
@@ -325,7 +327,7 @@ func removeName(c *call, fd sysFile, n *nameFiles, idle time.Duration) (bool, er
 	for i := 0; i < rec.limit && i < MaxPermits; i++ {
 		files = append(files, c.slotPath(i)[len(dir)+1:])
 	}
-	files = append(files, esc+".guard")
+	files = append(files, esc+".guard", esc+".want")
 	for _, file := range files {
 		if err := sysRemove(filepath.Join(dir, file)); err != nil {
 			errs = append(errs, err)

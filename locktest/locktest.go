@@ -44,6 +44,10 @@ type Backend struct {
 	Wait      bool // honours lock.WithWait
 	Semaphore bool // honours lock.WithMaxConcurrent
 	Extend    bool // holders implement lock.Extender
+	// Shared says the backend honours lock.WithShared (with writer
+	// preference); without it the suite checks that WithShared is
+	// refused with lock.ErrInvalidOption, never ignored.
+	Shared bool
 	// TTL, if set, is a short lease the suite may use to watch a lease that
 	// is not renewed run out; the backend honours lock.WithTTL and
 	// lock.WithAutoRenew(false).
@@ -152,6 +156,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("AcquireAllAtomic", s.acquireAllAtomic)
 	t.Run("AcquireAllLoss", s.acquireAllLoss)
 	t.Run("AcquireAllNoDeadlock", s.acquireAllNoDeadlock)
+	t.Run("Shared", s.shared)
 	t.Run("Inspect", s.inspect)
 	t.Run("List", s.list)
 	t.Run("Observer", s.observer)

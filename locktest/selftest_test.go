@@ -34,6 +34,7 @@ type toy struct {
 	barge        bool // a waiting Acquire takes a held lock
 	holdForever  bool // ignore WithMaxHold
 	keepAtMax    bool // at WithMaxHold, tell the holder but keep the name held
+	takeShared   bool // take WithShared as an exclusive lock instead of refusing it
 }
 
 type toyHolder struct {
@@ -44,7 +45,12 @@ type toyHolder struct {
 }
 
 func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*toyHolder, error) {
-	o, err := t.cfg.Resolve(name, opts, nil)
+	o, err := t.cfg.Resolve(name, opts, func(o *lock.Options) error {
+		if t.takeShared {
+			return nil
+		}
+		return backend.NoShared("toy", o)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +188,8 @@ func TestBrokenToy(t *testing.T) {
 		runToy(t, &toy{holdForever: true}, true)
 	case "keep-at-max":
 		runToy(t, &toy{keepAtMax: true}, true)
+	case "takes-shared":
+		runToy(t, &toy{takeShared: true}, true)
 	case "barging-waiter":
 		// Without the Waiting hook, the suite cannot wait for the waiter
 		// to wait: the waiter's own record of when it got in catches it.
@@ -199,6 +207,7 @@ func TestSuiteCatchesBrokenLockers(t *testing.T) {
 		"barging-waiter": {"TestBrokenToy/Wait"},
 		"hold-forever":   {"TestBrokenToy/MaxHold"},
 		"keep-at-max":    {"TestBrokenToy/MaxHold"},
+		"takes-shared":   {"TestBrokenToy/Shared/Options"},
 	} {
 		t.Run(flaw, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenToy$", "-test.v")

@@ -70,3 +70,35 @@ func ExampleWithMaxHold() {
 	// ended at 1h: true
 	// next holder: true
 }
+
+// Readers of a schema hold it shared while a migration holds it
+// exclusively: readers together, the migrator alone, and a migrator that
+// waits is served before readers that come after it.
+func ExampleWithShared() {
+	locks := memlock.NewFactory()
+	ctx := context.Background()
+
+	r1, _ := locks.Acquire(ctx, "schema", memlock.WithShared())
+	r2, err := locks.Acquire(ctx, "schema", memlock.WithShared())
+	fmt.Println("two readers at once:", err == nil)
+
+	migrated := make(chan uint64)
+	go func() {
+		m, _ := locks.Acquire(ctx, "schema", memlock.WithWait()) // waits for the readers
+		migrated <- m.Token()
+		m.Release()
+	}()
+	for locks.Waiting("schema") == 0 { // the migrator waits
+		time.Sleep(time.Millisecond)
+	}
+	_, err = locks.Acquire(ctx, "schema", memlock.WithShared())
+	fmt.Println("a new reader waits behind the migrator:", errors.Is(err, lock.ErrLocked))
+
+	r1.Release()
+	r2.Release()
+	fmt.Println("migrator's token above the readers':", <-migrated > r2.Token())
+	// Output:
+	// two readers at once: true
+	// a new reader waits behind the migrator: true
+	// migrator's token above the readers': true
+}

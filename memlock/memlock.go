@@ -46,7 +46,21 @@ type Factory struct {
 type entry struct {
 	limit   int
 	holders map[*Holder]struct{}
+	shared  int       // how many of holders are shared (WithShared)
 	waiters list.List // of *waiter, FIFO
+}
+
+// fits reports whether a new holder, shared or not, may hold e now beside
+// its holders. Waiters are served in order, so a reader that comes while
+// a writer waits queues behind it: the writer preference of WithShared.
+func (e *entry) fits(shared bool) bool {
+	switch {
+	case shared:
+		return len(e.holders) == e.shared // no exclusive holder
+	case e.limit == 1:
+		return len(e.holders) == 0
+	}
+	return len(e.holders) < e.limit
 }
 
 type waiter struct {
@@ -69,7 +83,8 @@ func NewFactory(opts ...Option) *Factory {
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits in FIFO order until a permit is handed to
-// it or ctx ends.
+// it or ctx ends. With WithShared, shared holders hold together; FIFO order
+// makes a reader that comes while a writer waits wait behind it.
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
 	o, err := f.cfg.Resolve(name, opts, nil)
@@ -101,7 +116,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		f.mu.Unlock()
 		return nil, 0, fmt.Errorf("memlock: %w: %q has limit %d, caller asked for %d", lock.ErrLimitMismatch, name, e.limit, limit)
 	}
-	if len(e.holders) < e.limit && e.waiters.Len() == 0 {
+	if e.fits(o.Shared) && e.waiters.Len() == 0 {
 		h := f.grantLocked(ctx, name, e, o)
 		f.mu.Unlock()
 		return h, 0, nil
@@ -130,8 +145,9 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 			h.Release()
 		}
 	default:
+		// Readers queued behind a writer that gives up may fit now.
 		e.waiters.Remove(el)
-		f.dropIfIdleLocked(name, e)
+		f.serveLocked(name, e)
 		f.mu.Unlock()
 	}
 	return nil, time.Since(w.start), lock.NewWaitError(ErrLocked, ctx)
@@ -145,6 +161,9 @@ func (f *Factory) grantLocked(ctx context.Context, name string, e *entry, o *loc
 		state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: f.clock.Now(),
 	}
 	e.holders[h] = struct{}{}
+	if o.Shared {
+		e.shared++
+	}
 	if o.TTL > 0 && o.NoAutoRenew {
 		h.expires = h.since.Add(o.TTL)
 		h.stop = f.clock.AfterFunc(o.TTL, h.expire)
@@ -162,6 +181,9 @@ func (f *Factory) removeLocked(h *Holder, loss error) bool {
 		return false
 	}
 	delete(h.e.holders, h)
+	if h.opts.Shared {
+		h.e.shared--
+	}
 	if h.stop != nil {
 		h.stop()
 	}
@@ -170,12 +192,18 @@ func (f *Factory) removeLocked(h *Holder, loss error) bool {
 	} else {
 		h.state.End()
 	}
-	for len(h.e.holders) < h.e.limit && h.e.waiters.Len() > 0 {
-		w := h.e.waiters.Remove(h.e.waiters.Front()).(*waiter)
-		w.grant <- f.grantLocked(w.ctx, h.name, h.e, w.opts)
-	}
-	f.dropIfIdleLocked(h.name, h.e)
+	f.serveLocked(h.name, h.e)
 	return true
+}
+
+// serveLocked grants e's waiters, in order, as long as the first fits.
+// f.mu is held.
+func (f *Factory) serveLocked(name string, e *entry) {
+	for e.waiters.Len() > 0 && e.fits(e.waiters.Front().Value.(*waiter).opts.Shared) {
+		w := e.waiters.Remove(e.waiters.Front()).(*waiter)
+		w.grant <- f.grantLocked(w.ctx, name, e, w.opts)
+	}
+	f.dropIfIdleLocked(name, e)
 }
 
 func (f *Factory) dropIfIdleLocked(name string, e *entry) {
@@ -299,6 +327,7 @@ func (f *Factory) Close() error {
 		}
 		e.waiters.Init()
 		e.holders = map[*Holder]struct{}{}
+		e.shared = 0
 	}
 	clear(f.names)
 	f.mu.Unlock()

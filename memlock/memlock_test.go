@@ -22,6 +22,7 @@ func TestConformance(t *testing.T) {
 		Wait:        true,
 		Semaphore:   true,
 		Extend:      true,
+		Shared:      true,
 		TTL:         50 * time.Millisecond,
 		Inspector:   func(testing.TB) lock.Inspector { return f },
 		Lister:      func(testing.TB) lock.Lister { return f },
@@ -170,4 +171,25 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 	h.Release()
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/handoff")
+}
+
+// BenchmarkShared is an uncontended acquire+release, exclusive and shared.
+func BenchmarkShared(b *testing.B) {
+	for _, c := range []struct {
+		what string
+		opts []memlock.Option
+	}{{"exclusive", nil}, {"shared", []memlock.Option{memlock.WithShared()}}} {
+		b.Run(c.what, func(b *testing.B) {
+			f := memlock.NewFactory(memlock.WithLogger(nil))
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				h, err := f.Acquire(ctx, "bench", c.opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				h.Release()
+			}
+		})
+	}
 }

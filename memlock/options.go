@@ -37,6 +37,11 @@ func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 // lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
+// WithShared takes the name in shared mode, beside other shared holders;
+// see lock.WithShared. Writers are preferred: waiters are served in FIFO
+// order, so a reader queues behind a writer that waits.
+func WithShared() Option { return lock.WithShared() }
+
 // WithOwner records who holds the lock, for Inspect.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
 

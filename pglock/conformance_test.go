@@ -19,15 +19,24 @@ func TestConformance(t *testing.T) {
 	runConformance(t, pool, pool)
 }
 
-// runConformance runs the suite on factories of pool; direct reaches the
-// same server without a pooler in between (to end a holder's backend).
-func runConformance(t *testing.T, pool, direct *pgxpool.Pool) {
+// TestConformanceNoWaitSessions runs the suite with every waiter retrying
+// on notifications (WithWaitSessions(0)): writers that wait so keep
+// readers out by the intent key, not by Postgres's queue.
+func TestConformanceNoWaitSessions(t *testing.T) {
+	pool := newPool(t)
+	runConformance(t, pool, pool, pglock.WithWaitSessions(0))
+}
+
+// runConformance runs the suite on factories of pool with opts; direct
+// reaches the same server without a pooler in between (to end a holder's
+// backend).
+func runConformance(t *testing.T, pool, direct *pgxpool.Pool, opts ...pglock.Option) {
 	// Lockers from three factories: two New calls contend through
 	// Postgres when they land on different factories and through the
 	// in-process table when they land on the same one.
 	var fs []*pglock.Factory
 	for i := 0; i < 3; i++ {
-		f := pglock.NewFactory(pool, pglock.WithLogger(nil), pglock.WithHealthInterval(200*time.Millisecond), pglock.WithPollInterval(200*time.Millisecond))
+		f := pglock.NewFactory(pool, append([]pglock.Option{pglock.WithLogger(nil), pglock.WithHealthInterval(200 * time.Millisecond), pglock.WithPollInterval(200 * time.Millisecond)}, opts...)...)
 		t.Cleanup(func() { f.Close() })
 		fs = append(fs, f)
 	}
@@ -40,6 +49,7 @@ func runConformance(t *testing.T, pool, direct *pgxpool.Pool) {
 		ErrLockLost: pglock.ErrLockLost,
 		Wait:        true,
 		Semaphore:   true,
+		Shared:      true,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
 		Lister:      func(testing.TB) lock.Lister { return fs[1] },
 		// Plain holders write no row that List could find.

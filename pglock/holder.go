@@ -24,6 +24,7 @@ type Holder struct {
 	pid       uint32
 	since     time.Time
 	published bool // its acquire wrote a pglock_holders row, which its release deletes
+	shared    bool // held shared (WithShared)
 	unheld    bool // taken out of its name's table; guarded by Factory.mu
 	opts      *lock.Options
 	ctx       context.Context // the Acquire context without its cancellation, for reports
@@ -164,10 +165,14 @@ func (h *Holder) unlock(sc *sessionConn) (held, handed bool, pid int32, err erro
 		return held, false, pid, err
 	}
 	var res int32
+	rel, relPub := st.mutexRelease, st.mutexReleasePub
+	if h.shared {
+		rel, relPub = st.sharedRelease, st.sharedReleasePub
+	}
 	if h.published {
-		err = sc.queryRow(st.mutexReleasePub, h.key, k.waiters, int64(h.token)).Scan(&res, &pid)
+		err = sc.queryRow(relPub, h.key, k.waiters, int64(h.token)).Scan(&res, &pid)
 	} else {
-		err = sc.queryRow(st.mutexRelease, h.key, k.waiters).Scan(&res, &pid)
+		err = sc.queryRow(rel, h.key, k.waiters).Scan(&res, &pid)
 	}
 	return res != 0, res&4 != 0, pid, err
 }
@@ -180,7 +185,9 @@ func (h *Holder) unhold() {
 	first := !h.unheld
 	if first {
 		h.unheld = true
-		if h.e.held[h.slot] == h {
+		if h.shared {
+			delete(h.e.readers, h)
+		} else if h.e.held[h.slot] == h {
 			delete(h.e.held, h.slot)
 		}
 		h.s.claimed = false

@@ -22,7 +22,9 @@ import (
 // "pg.application_name", "pg.client_addr" and, for a semaphore,
 // "pg.slot". Token, Since and Owner come from the holder's row, which the
 // acquire writes only when the call set WithOwner or WithMetadata; a
-// holder without a row is reported with its session and slot, Token 0. It
+// holder without a row is reported with its session and slot, Token 0. A
+// name held shared (WithShared) shows one holder per session, with the
+// row of its newest reader. It
 // runs on a pool connection, taken within WithConnectTimeout.
 func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {

@@ -72,6 +72,13 @@ func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 // ErrMaxHold and unlocked on its session; see lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
+// WithShared takes the name shared (pg_try_advisory_lock_shared), beside
+// other shared holders; see lock.WithShared. A writer that waits blocks in
+// Postgres's queue of the key, which turns later shared tries away, or,
+// without a free wait session, holds the name's intent key, which they
+// check.
+func WithShared() Option { return lock.WithShared() }
+
 // WithOwner records who holds the lock (a job or trace id), shown by
 // Inspect. A call with an owner or metadata writes its holder, with its
 // token, to the pglock_holders table in the acquire statement.

@@ -49,6 +49,18 @@
 //     which frees its locks on the server; it never goes back to the pool.
 //   - Names map to 64-bit advisory keys (see the guide for the collision
 //     story and how to find a lock in pg_locks).
+//   - Shared mode (WithShared): readers hold the name's key shared
+//     (pg_try_advisory_lock_shared), a writer exclusively. A writer that
+//     waits blocked in Postgres's queue of the key turns later shared
+//     tries away by Postgres's own rule; one that waits by notifications
+//     (no wait session free) holds the name's intent key, which readers
+//     check in their statement. Within a factory, where Postgres lets a
+//     session's own locks through, the in-process table keeps readers
+//     and writers apart, and a reader joining its factory's readers asks
+//     pg_locks for a waiting writer. A name used as a semaphore is told
+//     from readers when the semaphore holds first; a semaphore cannot
+//     see readers that hold first (its stored function checks only for
+//     an exclusive holder).
 package pglock
 
 import (
@@ -139,14 +151,15 @@ func (f *Factory) seeEpoch(e int64) {
 type entry struct {
 	prefix, name string
 	keys         keys
-	limit        int             // the limit of the current local holders
-	held         map[int]*Holder // by slot
-	busy         chan struct{}   // one local acquire statement at a time
-	refs         int             // holders and Acquire calls using it; guarded by Factory.mu
-	queue        []*waitReg      // this factory's waiters, first come first; guarded by Factory.mu
+	limit        int                  // the limit of the current local holders
+	held         map[int]*Holder      // by slot
+	readers      map[*Holder]struct{} // shared holders (WithShared), beside no held
+	busy         chan struct{}        // one local acquire statement at a time
+	refs         int                  // holders and Acquire calls using it; guarded by Factory.mu
+	queue        []*waitReg           // this factory's waiters, first come first; guarded by Factory.mu
 }
 
-type keys struct{ mutex, mark, waiters, limit int64 }
+type keys struct{ mutex, mark, waiters, limit, intent int64 }
 
 func keysOf(prefix, name string) keys {
 	return keys{
@@ -154,6 +167,7 @@ func keysOf(prefix, name string) keys {
 		mark:    advisoryKey(kindSemMark, prefix, name, -1),
 		waiters: advisoryKey(kindWaiters, prefix, name, -1),
 		limit:   advisoryKey(kindLimit, prefix, name, -1),
+		intent:  advisoryKey(kindIntent, prefix, name, -1),
 	}
 }
 
@@ -264,7 +278,7 @@ func (f *Factory) ref(prefix, name string) (*entry, error) {
 	e := f.entries[k.mutex]
 	switch {
 	case e == nil:
-		e = &entry{prefix: prefix, name: name, keys: k, held: map[int]*Holder{}, busy: make(chan struct{}, 1)}
+		e = &entry{prefix: prefix, name: name, keys: k, held: map[int]*Holder{}, readers: map[*Holder]struct{}{}, busy: make(chan struct{}, 1)}
 		f.entries[k.mutex] = e
 	case e.prefix != prefix || e.name != name:
 		return nil, fmt.Errorf("%w: %q and %q", ErrKeyCollision, e.name, name)
@@ -336,13 +350,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		Wait: o.Wait, Locked: ErrLocked, Closed: f.life.Done(), Queued: queued,
 		MinPoll: f.set.poll, MaxPoll: f.set.poll,
 		Subscribe: func() (backend.Subscription, error) {
-			w = f.subscribe(ctx, s, e, queued)
+			w = f.subscribe(ctx, s, e, queued, o.Limit() == 1 && !o.Shared)
 			return w, nil
 		},
 	}
 	return backend.Wait(ctx, waiting, func() (*Holder, time.Duration, error) {
 		if w != nil {
-			first, ws := f.turn(w, o.Limit())
+			writer := o.Limit() == 1 && !o.Shared
+			first, ws := f.turn(w, writer)
 			if !first {
 				return nil, 0, ErrLocked // behind this factory's earlier waiters
 			}
@@ -354,6 +369,13 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 			}
 			if err := w.listen(); err != nil {
 				return nil, 0, err
+			}
+			if writer {
+				// Not in Postgres's queue of the key: keep readers out
+				// by the intent key instead (see holdIntent).
+				if err := f.holdIntent(w); err != nil {
+					return nil, 0, err
+				}
 			}
 		}
 		// If the session ends under the attempt (terminated, or its
@@ -388,7 +410,18 @@ func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options
 		f.mu.Unlock()
 		return nil, mismatch(e.name, e.limit, limit)
 	}
+	// Postgres lets a session's own locks through, so this factory keeps
+	// its readers and writers of a name apart itself; a reader that does
+	// not wait also gives way to a writer waiting here.
+	if o.Shared && (len(e.held) > 0 || !o.Wait && f.writerWaitsLocked(e)) || !o.Shared && len(e.readers) > 0 {
+		f.mu.Unlock()
+		if limit > 1 {
+			return nil, mismatch(e.name, 1, limit)
+		}
+		return nil, ErrLocked
+	}
 	localHolders := len(e.held)
+	joining := len(e.readers) > 0
 	var slots []int
 	for i := 0; i < limit; i++ {
 		if e.held[i] == nil {
@@ -409,12 +442,18 @@ func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options
 			tok  int64
 			err  error
 		)
-		if limit == 1 {
+		if o.Shared {
+			key = e.keys.mutex
+			q, args := f.sharedStatement(e, o, pub, joining)
+			var pid int32
+			err = sc.queryRow(q, args...).Scan(&tok, &pid)
+			tok, err = f.mutexResult(sc, e, pub, tok, pid, err, true)
+		} else if limit == 1 {
 			key = e.keys.mutex
 			q, args := f.mutexStatement(e, o, pub, false)
 			var pid int32
 			err = sc.queryRow(q, args...).Scan(&tok, &pid)
-			tok, err = f.mutexResult(sc, e, pub, tok, pid, err)
+			tok, err = f.mutexResult(sc, e, pub, tok, pid, err, false)
 		} else {
 			key, slot, tok, err = f.trySemaphore(sc, e, o, pub, slots, localHolders)
 		}
@@ -432,13 +471,17 @@ func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options
 func (f *Factory) hold(ctx context.Context, s *session, e *entry, key int64, slot, limit int, tok int64, pub bool, o *lock.Options) *Holder {
 	h := &Holder{
 		f: f, s: s, gen: s.gen, e: e, key: key, slot: slot, limit: limit, token: uint64(tok),
-		pid: s.pid, since: time.Now(), published: pub, opts: o,
+		pid: s.pid, since: time.Now(), published: pub, shared: o.Shared, opts: o,
 		ctx: context.WithoutCancel(ctx), state: backend.NewState(),
 	}
 	f.mu.Lock()
 	// A holder of this factory on another session may not have taken
 	// itself out yet: Postgres gave the lock here, so its release is done.
-	e.held[slot] = h
+	if h.shared {
+		e.readers[h] = struct{}{}
+	} else {
+		e.held[slot] = h
+	}
 	e.limit = limit
 	e.refs++ // the holder's reference
 	f.mu.Unlock()
@@ -473,6 +516,29 @@ func (f *Factory) mutexStatement(e *entry, o *lock.Options, pub, wait bool) (str
 	return q, []any{e.keys.mutex, e.keys.mark}
 }
 
+// sharedStatement is the statement that takes e shared (WithShared), at
+// once or not at all, with its arguments; joining: this factory's readers
+// hold it already, on the same session.
+func (f *Factory) sharedStatement(e *entry, o *lock.Options, pub, joining bool) (string, []any) {
+	q := [2][2]string{{f.st.sharedAcquire, f.st.sharedAcquirePub}, {f.st.sharedJoin, f.st.sharedJoinPub}}[b2i(joining)][b2i(pub)]
+	if pub {
+		owner, meta := row(o)
+		return q, []any{e.keys.mutex, e.keys.mark, e.prefix, e.name, owner, meta, e.keys.intent}
+	}
+	return q, []any{e.keys.mutex, e.keys.mark, e.keys.intent}
+}
+
+// writerWaitsLocked reports whether a writer of this factory waits for e.
+// f.mu is held.
+func (f *Factory) writerWaitsLocked(e *entry) bool {
+	for _, w := range e.queue {
+		if w.writer {
+			return true
+		}
+	}
+	return false
+}
+
 func b2i(b bool) int {
 	if b {
 		return 1
@@ -480,18 +546,23 @@ func b2i(b bool) int {
 	return 0
 }
 
-// mutexResult turns the outcome of a mutex statement into the token.
-func (f *Factory) mutexResult(sc *sessionConn, e *entry, pub bool, tok int64, pid int32, err error) (int64, error) {
+// mutexResult turns the outcome of a mutex statement, or with shared of
+// a shared one, into the token.
+func (f *Factory) mutexResult(sc *sessionConn, e *entry, pub bool, tok int64, pid int32, err error, shared bool) (int64, error) {
 	key := e.keys.mutex
+	keys, sharedKey := []int64{key}, int64(0)
+	if shared {
+		keys, sharedKey = nil, key // the unlock statement unlocks its "mark" shared
+	}
 	if err != nil {
-		return 0, sc.cleanup(err, []int64{key}, 0)
+		return 0, sc.cleanup(err, keys, sharedKey)
 	}
 	if err := sc.checkPID(pid); err != nil {
 		return 0, err
 	}
 	if tok > 0 && !f.validToken(tok) {
 		if tok, err = sc.newToken(tok, key, pub); err != nil {
-			return 0, sc.unlock(err, []int64{key}, 0)
+			return 0, sc.unlock(err, keys, sharedKey)
 		}
 	}
 	switch {

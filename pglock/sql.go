@@ -24,6 +24,7 @@ const (
 	kindSlot    = "s" // permit i of a semaphore (with slot)
 	kindSemMark = "g" // held shared by a session with a semaphore permit of the name
 	kindWaiters = "w" // held shared by a session with a waiter for the name
+	kindIntent  = "i" // held by a session with a writer waiting in notify mode (WithShared)
 	kindLimit   = "l" // primary key of the name's pglock_limits row (no lock)
 )
 
@@ -57,6 +58,8 @@ type statements struct {
 	mutexAcquire, mutexAcquirePub, mutexRelease, mutexReleasePub string
 	mutexWait, mutexWaitPub                                      string
 	txTry, txWait                                                string
+	sharedAcquire, sharedAcquirePub, sharedJoin, sharedJoinPub   string
+	sharedRelease, sharedReleasePub                              string
 	semAcquire, semRelease, relimit                              string
 	epoch, rebase, token, retoken                                string
 	unlock, inspectLimit, inspect                                string
@@ -106,6 +109,37 @@ func newStatements(schema string) *statements {
 	// expression.
 	const handed = ` + CASE WHEN pg_try_advisory_xact_lock($1::int8) THEN 0 ELSE 4 END`
 	const notify = `CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN 1 ELSE 2 + length(pg_notify('` + notifyChannel + `', $2::int8::text)::text) END`
+	// Shared (WithShared): the mutex key taken shared, only if no writer
+	// waits in notify mode (holds the intent key, @i@) — a writer blocked
+	// in Postgres's queue of the key makes the try fail by itself, unless
+	// the session holds the key already (@j@: a reader joins this
+	// factory's readers), which Postgres grants again without looking at
+	// its queue, so then pg_locks is asked (only then: planning the view
+	// costs as much as the rest) — then the semaphore check and
+	// the token as for a mutex. Readers check the semaphore marker side by
+	// side, so one that finds it taken asks pg_locks whether a semaphore
+	// member holds it (shared) or only another reader's check (exclusive).
+	const lockHeld = `EXISTS (SELECT 1 FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted = @granted@ AND l.mode = '@mode@'
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND (l.classid::int8 << 32) | l.objid::int8 = @key@)`
+	held := func(key, mode, granted string) string {
+		return strings.NewReplacer("@key@", key, "@mode@", mode, "@granted@", granted).Replace(lockHeld)
+	}
+	sharedTry := `CASE @j@ WHEN pg_try_advisory_xact_lock_shared(@i@) THEN
+			CASE WHEN pg_try_advisory_lock_shared($1::int8) THEN
+				CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN nextval(@ctr@::regclass)
+				WHEN NOT ` + held("$2::int8", "ShareLock", "true") + ` THEN nextval(@ctr@::regclass)
+				WHEN pg_advisory_unlock_shared($1::int8) THEN -2 ELSE -3 END
+			ELSE -1 END
+		ELSE -1 END`
+	shared := func(intent string, join bool) string {
+		j := ""
+		if join {
+			j = `WHEN ` + held("$1::int8", "ExclusiveLock", "false") + ` THEN -1`
+		}
+		return strings.NewReplacer("@ctr@", lit(q("pglock_token_counter")), "@i@", intent, "@j@", j).Replace(sharedTry)
+	}
 	return &statements{
 		schema: schema,
 		exists: `SELECT to_regclass(` + lit(q("pglock_limits")) + `) IS NOT NULL
@@ -138,6 +172,15 @@ func newStatements(schema string) *statements {
 		mutexReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
 			SELECT CASE WHEN pg_advisory_unlock($1::int8) THEN ` + notify + handed + ` ELSE 0 END, pg_backend_pid()`,
 
+		// Shared: $3 the intent key; published, $7 (after the row's).
+		sharedAcquire:    `SELECT ` + shared("$3::int8", false) + `, pg_backend_pid()`,
+		sharedAcquirePub: pub(shared("$7::int8", false)),
+		sharedJoin:       `SELECT ` + shared("$3::int8", true) + `, pg_backend_pid()`,
+		sharedJoinPub:    pub(shared("$7::int8", true)),
+		sharedRelease:    `SELECT CASE WHEN pg_advisory_unlock_shared($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+		sharedReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
+			SELECT CASE WHEN pg_advisory_unlock_shared($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
+
 		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v2") + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,
 		relimit:      `SELECT ` + q("pglock_relimit_v1") + `($1, $2, $3, $4, $5), pg_backend_pid()`,
@@ -159,7 +202,9 @@ func newStatements(schema string) *statements {
 			UNION ALL SELECT pg_advisory_unlock_shared($2::int8) WHERE $3::bool`,
 
 		// Held keys of the name, with the holder rows and the sessions'
-		// pg_stat_activity entries.
+		// pg_stat_activity entries. Only readers (WithShared) hold a
+		// mutex key shared: a session's readers are one row of pg_locks,
+		// shown with the newest reader's holder row.
 		inspect: `SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, l.pid,
 				h.token, h.since, h.owner, h.metadata::text,
 				a.application_name, host(a.client_addr)
@@ -168,7 +213,7 @@ func newStatements(schema string) *statements {
 				WHERE h.key = (l.classid::int8 << 32) | l.objid::int8 AND h.pid = l.pid
 				ORDER BY h.token DESC LIMIT 1) h ON true
 			LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode IN ('ExclusiveLock', 'ShareLock')
 				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 				AND (l.classid::int8 << 32) | l.objid::int8 = ANY($1::int8[])`,
 	}

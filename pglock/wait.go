@@ -42,6 +42,9 @@ type waitReg struct {
 	notify bool            // listen was called; only the waiting goroutine uses it
 	gen    atomic.Uint64   // the session generation its marker was taken on
 	marked bool            // guarded by the session
+	writer bool            // an exclusive Acquire of a mutex: readers give way to it
+	intent bool            // holds the intent key on its session (holdIntent); guarded by the session
+	igen   uint64          // the session generation of intent; guarded by the session
 }
 
 // listener owns the connection that LISTENs for release notifications
@@ -68,8 +71,8 @@ func newListener(f *Factory) *listener {
 
 // subscribe queues a waiter for e. A queued waiter (one that made no
 // attempt yet) that finds itself first is woken at once.
-func (f *Factory) subscribe(ctx context.Context, s *session, e *entry, queued bool) *waitReg {
-	w := &waitReg{f: f, s: s, e: e, ctx: ctx, key: e.keys.waiters, ch: make(chan struct{}, 1)}
+func (f *Factory) subscribe(ctx context.Context, s *session, e *entry, queued, writer bool) *waitReg {
+	w := &waitReg{f: f, s: s, e: e, ctx: ctx, key: e.keys.waiters, ch: make(chan struct{}, 1), writer: writer}
 	f.lis.subscribe(w)
 	f.mu.Lock()
 	e.queue = append(e.queue, w)
@@ -81,15 +84,16 @@ func (f *Factory) subscribe(ctx context.Context, s *session, e *entry, queued bo
 }
 
 // turn reports whether w is the first of its name's waiters in this
-// factory, which alone makes attempts; if so, and the name is a mutex, it
-// claims a free wait session for w to block on (nil: none).
-func (f *Factory) turn(w *waitReg, limit int) (first bool, ws *session) {
+// factory, which alone makes attempts; if so, and it waits for a mutex
+// exclusively (blocks), it claims a free wait session for w to block on
+// (nil: none).
+func (f *Factory) turn(w *waitReg, blocks bool) (first bool, ws *session) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if w.e.queue[0] != w {
 		return false, nil
 	}
-	if limit != 1 || time.Since(f.noWait) < f.set.poll {
+	if !blocks || time.Since(f.noWait) < f.set.poll {
 		return true, nil
 	}
 	for _, s := range f.waits {
@@ -232,7 +236,7 @@ func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Op
 		}
 		return nil, ended()
 	}
-	if tok, err = f.mutexResult(sc, e, pub, tok, pid, err); err != nil {
+	if tok, err = f.mutexResult(sc, e, pub, tok, pid, err, false); err != nil {
 		return nil, err
 	}
 	return f.hold(ctx, ws, e, e.keys.mutex, 0, 1, tok, pub, o), nil
@@ -312,6 +316,7 @@ func (w *waitReg) Close() {
 	}
 	f.mu.Unlock()
 	f.lis.unsubscribe(w)
+	f.dropIntent(w)
 	if !w.marked {
 		return
 	}
@@ -330,6 +335,68 @@ func (w *waitReg) Close() {
 		delete(s.waits, w.key)
 		var pid int32
 		if err := sc.queryRow("SELECT pg_advisory_unlock_shared($1::int8), pg_backend_pid()", w.key).Scan(nil, &pid); err != nil {
+			if sc.clean(err) {
+				return err
+			}
+			return sc.fail(err)
+		}
+		return sc.checkPID(pid)
+	})
+}
+
+// holdIntent takes the name's intent key for w, a writer that waits in
+// notify mode (not blocked in Postgres's queue of the key, which keeps
+// readers out by itself), unless its session holds it for another of its
+// writers: a shared Acquire finds it held and waits behind the writer
+// (WithShared). Held by another session's writer, it is tried again at
+// w's next attempt. It goes with the session, so a killed process frees
+// it.
+func (f *Factory) holdIntent(w *waitReg) error {
+	return w.s.do(w.ctx, true, func(sc *sessionConn) error {
+		s, k := sc.s, w.e.keys.intent
+		if w.intent && w.igen == s.gen {
+			return nil
+		}
+		w.intent, w.igen = false, s.gen
+		if s.waits[k] == 0 {
+			var ok bool
+			var pid int32
+			if err := sc.queryRow("SELECT pg_try_advisory_lock($1::int8), pg_backend_pid()", k).Scan(&ok, &pid); err != nil {
+				if sc.clean(err) {
+					return err
+				}
+				return sc.fail(err)
+			}
+			if err := sc.checkPID(pid); err != nil || !ok {
+				return err
+			}
+		}
+		s.waits[k]++
+		w.intent = true
+		return nil
+	})
+}
+
+// dropIntent gives up w's hold of the intent key, unlocking it when w was
+// its session's last writer holding it.
+func (f *Factory) dropIntent(w *waitReg) {
+	if !w.intent { // set and cleared only by the waiting goroutine, which calls Close
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), f.set.stmtTimeout)
+	defer cancel()
+	w.s.do(ctx, false, func(sc *sessionConn) error {
+		s, k := sc.s, w.e.keys.intent
+		if !w.intent || w.igen != s.gen {
+			return nil // never held, or gone with the session
+		}
+		w.intent = false
+		if s.waits[k]--; s.waits[k] > 0 {
+			return nil
+		}
+		delete(s.waits, k)
+		var pid int32
+		if err := sc.queryRow("SELECT pg_advisory_unlock($1::int8), pg_backend_pid()", k).Scan(nil, &pid); err != nil {
 			if sc.clean(err) {
 				return err
 			}

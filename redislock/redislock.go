@@ -260,6 +260,9 @@ func checkOptions(o *lock.Options) error {
 	if err := checkTTL(o.TTL); err != nil {
 		return err
 	}
+	if err := backend.NoShared(backendName, o); err != nil {
+		return err
+	}
 	return checkPrefix(o.KeyPrefix)
 }
 

@@ -1,0 +1,80 @@
+package etcdlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock/etcdlock"
+)
+
+// Inspect of a name held shared lists its readers as holders and a writer
+// queued behind them as waiting; a reader that comes after the writer
+// waits too, and is served after it.
+func TestInspectShared(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
+	ctx := ctxT(t, time.Minute)
+	r1, err := f.Acquire(ctx, "schema", etcdlock.WithShared(), etcdlock.WithOwner("r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := factory(t, cli, etcdlock.WithKeyPrefix(prefix)).Acquire(ctx, "schema", etcdlock.WithShared(), etcdlock.WithOwner("r2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w, err := factory(t, cli, etcdlock.WithKeyPrefix(prefix)).Acquire(ctx, "schema", etcdlock.WithWait())
+		if err == nil {
+			err = w.Release()
+		}
+		got <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := f.Inspect(ctx, "schema")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Waiting == 1 {
+			if len(info.Holders) != 2 || info.Holders[0].Owner != "r1" || info.Holders[1].Owner != "r2" || info.Limit != 1 {
+				t.Fatalf("Inspect with two readers and a waiting writer = %+v", info)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer not waiting after 30s: %+v", info)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r1.Release()
+	r2.Release()
+	if err := <-got; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+}
+
+// BenchmarkShared is an uncontended acquire+release, exclusive and shared:
+// one transaction each way in both modes.
+func BenchmarkShared(b *testing.B) {
+	cli := client(b)
+	prefix := testPrefix(b)
+	for _, c := range []struct {
+		what string
+		opts []etcdlock.Option
+	}{{"exclusive", nil}, {"shared", []etcdlock.Option{etcdlock.WithShared()}}} {
+		b.Run(c.what, func(b *testing.B) {
+			f := factory(b, cli, etcdlock.WithKeyPrefix(prefix))
+			ctx := context.Background()
+			for b.Loop() {
+				h, err := f.Acquire(ctx, "bench-shared", c.opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				h.Release()
+			}
+		})
+	}
+}
