@@ -58,12 +58,18 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	if len(res) == 0 {
 		return fmt.Errorf("redislock: break: %w: %q", lock.ErrNotHeld, name)
 	}
-	if len(res) < 2 {
-		return nil // a semaphore's permits, or a foreign value, are gone
-	}
-	id, _ := res[1].(string)
 	ls := f.leaseOf(&o) // for the tombstone of the holder's id: one TTL
 	ls.limit = 1
+	var id string
+	switch kind, _ := res[0].(string); {
+	case kind == "w":
+		// Readers freed, a writer waits for them: hand it the name.
+		id, ls.shared = newID(), true
+	case len(res) < 2:
+		return nil // a semaphore's permits, or a foreign value, are gone
+	default:
+		id, _ = res[1].(string)
+	}
 	s, keys, args := f.releaseCall(k, id, ls)
 	if err := s.Run(ctx, f.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)
