@@ -27,7 +27,10 @@ var breakScript = redis.NewScript(breakSrc)
 //     has moved on and Break leaves it alone.
 //   - A semaphore loses every live permit in one script (lua/break.lua),
 //     which wakes its waiters as a release does (a PUBLISH on the name's
-//     channel) and keeps the token counter.
+//     channel) and keeps the token counter. So does a name held shared
+//     (WithShared): its readers; a writer waiting for them is then handed
+//     the name by a second script, the release of no reader, as the last
+//     reader's release would.
 //
 // Either way the next holder's token is larger than every freed one, and
 // the fence record of the key equal to name (Fence.Key(name), on the same

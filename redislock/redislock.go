@@ -622,8 +622,9 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 // twice. Names are recovered from their keys; a long name, whose key
 // holds a hash of it, is listed under its escaped form
 // (backend.ListedName), and only when prefix fits in that form's
-// readable part. Waiting counts the waiters queued for a mutex (0 for a
-// semaphore: not counted).
+// readable part. Waiting counts the waiters queued for a mutex, or the
+// writers waiting for a shared name's readers (0 for a semaphore: not
+// counted).
 func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
 	return func(yield func(lock.Info, error) bool) {
 		kp := f.cfg.Options.KeyPrefix
