@@ -624,3 +624,53 @@ func TestRenewalLossIsOneWarn(t *testing.T) {
 		})
 	}
 }
+
+// A writer's process killed while it waits for readers takes its
+// preference with it: the placeholder that turns readers away ends within
+// two of its TTLs, and a reader waiting behind it gets in.
+func TestSIGKILLWaitingWriter(t *testing.T) {
+	if testenv.Child() == "kill-writer" {
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
+		f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(time.Second), WithLogger(nil))
+		fmt.Println("child: waiting")
+		h, err := f.Acquire(context.Background(), os.Getenv(childName), WithWait())
+		fmt.Printf("child: acquired %v\n", err == nil && h != nil)
+		os.Exit(1)
+	}
+	rdb := newClient(t)
+	f := testFactory(t, rdb, WithTTL(time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := uniq(t, "x")
+	r, err := f.Acquire(ctx, name, WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	c := startChild(t, "kill-writer", "TestSIGKILLWaitingWriter", name)
+	if l := c.line(); l != "waiting" {
+		t.Fatalf("child said %q", l)
+	}
+	for {
+		info, err := f.Inspect(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Waiting == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the child writer did not queue in 30s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if _, err := f.Acquire(ctx, name, WithShared()); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a reader while the child writer waits: %v; want ErrLocked", err)
+	}
+	c.p.Kill()
+	r2, err := f.Acquire(ctx, name, WithShared(), WithWait())
+	if err != nil {
+		t.Fatalf("a reader after the waiting writer was killed: %v", err)
+	}
+	r2.Release()
+}
