@@ -27,7 +27,10 @@ var breakScript = redis.NewScript(breakSrc)
 //     has moved on and Break leaves it alone.
 //   - A semaphore loses every live permit in one script (lua/break.lua),
 //     which wakes its waiters as a release does (a PUBLISH on the name's
-//     channel) and keeps the token counter.
+//     channel) and keeps the token counter. So does a name held shared
+//     (WithShared): its readers; a writer waiting for them is then handed
+//     the name by a second script, the release of no reader, as the last
+//     reader's release would.
 //
 // Either way the next holder's token is larger than every freed one, and
 // the fence record of the key equal to name (Fence.Key(name), on the same
@@ -58,12 +61,18 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	if len(res) == 0 {
 		return fmt.Errorf("redislock: break: %w: %q", lock.ErrNotHeld, name)
 	}
-	if len(res) < 2 {
-		return nil // a semaphore's permits, or a foreign value, are gone
-	}
-	id, _ := res[1].(string)
 	ls := f.leaseOf(&o) // for the tombstone of the holder's id: one TTL
 	ls.limit = 1
+	var id string
+	switch kind, _ := res[0].(string); {
+	case kind == "w":
+		// Readers freed, a writer waits for them: hand it the name.
+		id, ls.shared = newID(), true
+	case len(res) < 2:
+		return nil // a semaphore's permits, or a foreign value, are gone
+	default:
+		id, _ = res[1].(string)
+	}
 	s, keys, args := f.releaseCall(k, id, ls)
 	if err := s.Run(ctx, f.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)

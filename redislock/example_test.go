@@ -103,6 +103,21 @@ func ExampleWithMaxConcurrent() {
 	}
 }
 
+// Requests read the schema shared, the migration takes it exclusively:
+// it waits for the readers in flight, and readers that come meanwhile
+// wait behind it (writer preference).
+func ExampleWithShared() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	locks := redislock.NewFactory(rdb)
+	ctx := context.Background()
+	_ = locks.WithLock(ctx, "schema", func(ctx context.Context) error {
+		return nil // serve a request that reads the schema
+	}, redislock.WithShared(), redislock.WithWait())
+	_ = locks.WithLock(ctx, "schema", func(ctx context.Context) error {
+		return nil // migrate
+	}, redislock.WithWait())
+}
+
 // Who holds a name, for operators.
 func ExampleFactory_Inspect() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})

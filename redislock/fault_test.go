@@ -94,13 +94,13 @@ func TestStalledHolderCannotTouchSuccessor(t *testing.T) {
 
 const childName = "REDISLOCK_TEST_NAME"
 
-// childHolder runs in a child process: it takes the lock with renewal,
-// reports its token, and once the lock is lost reports what Err and
-// Release said.
-func childHolder(addr, name string, ttl time.Duration) {
+// childHolder runs in a child process: it takes the lock with renewal
+// (and opts), reports its token, and once the lock is lost reports what
+// Err and Release said.
+func childHolder(addr, name string, ttl time.Duration, opts ...Option) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
-	h, err := f.Acquire(context.Background(), name, WithAutoRenew(true))
+	h, err := f.Acquire(context.Background(), name, append([]Option{WithAutoRenew(true)}, opts...)...)
 	if err != nil {
 		fmt.Printf("child: error %v\n", err)
 		os.Exit(1)
@@ -237,6 +237,64 @@ func TestSIGKILLHolder(t *testing.T) {
 		t.Fatalf("token %d not above the killed holder's %d", h.Token(), tok)
 	}
 	h.Release()
+}
+
+// A shared holder's process killed with SIGKILL while a writer waits for
+// it frees its share within its TTL, with nobody releasing it: the
+// writer, queued behind the placeholder that turns new readers away, gets
+// the name with a larger token.
+func TestSIGKILLSharedHolder(t *testing.T) {
+	if testenv.Child() == "kill-shared" {
+		childHolder(testenv.RedisAddr(), os.Getenv(childName), time.Second, WithShared())
+		return
+	}
+	rdb := newClient(t)
+	f := testFactory(t, rdb)
+	name := uniq(t, "x")
+	c := startChild(t, "kill-shared", "TestSIGKILLSharedHolder", name)
+	tok := c.token()
+	r, err := f.Acquire(ctxT(t), name, WithShared())
+	if err != nil {
+		t.Fatalf("a second reader beside the child: %v", err)
+	}
+	r.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type got struct {
+		h   *Holder
+		err error
+	}
+	wc := make(chan got, 1)
+	go func() {
+		h, err := f.Acquire(ctx, name, WithWait())
+		wc <- got{h, err}
+	}()
+	for f.hub.waiting(keysFor(testPrefix, name).channel) == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the writer did not join the queue in 30s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if _, err := f.Acquire(ctxT(t), name, WithShared()); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a new reader while the writer waits: %v; want ErrLocked", err)
+	}
+	c.p.Kill()
+	w := <-wc
+	if w.err != nil {
+		t.Fatalf("the writer after the reader was killed: %v", w.err)
+	}
+	if w.h.Token() <= tok {
+		t.Fatalf("writer's token %d not above the killed reader's %d", w.h.Token(), tok)
+	}
+	w.h.Release()
+	r, err = f.Acquire(ctxT(t), name, WithShared())
+	if err != nil {
+		t.Fatalf("a reader after the writer: %v", err)
+	}
+	if r.Token() <= w.h.Token() {
+		t.Fatalf("reader's token %d not above the writer's %d", r.Token(), w.h.Token())
+	}
+	r.Release()
 }
 
 // While Redis does not answer (CLIENT PAUSE), a renewed holder declares
@@ -565,4 +623,54 @@ func TestRenewalLossIsOneWarn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A writer's process killed while it waits for readers takes its
+// preference with it: the placeholder that turns readers away ends within
+// two of its TTLs, and a reader waiting behind it gets in.
+func TestSIGKILLWaitingWriter(t *testing.T) {
+	if testenv.Child() == "kill-writer" {
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
+		f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(time.Second), WithLogger(nil))
+		fmt.Println("child: waiting")
+		h, err := f.Acquire(context.Background(), os.Getenv(childName), WithWait())
+		fmt.Printf("child: acquired %v\n", err == nil && h != nil)
+		os.Exit(1)
+	}
+	rdb := newClient(t)
+	f := testFactory(t, rdb, WithTTL(time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := uniq(t, "x")
+	r, err := f.Acquire(ctx, name, WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	c := startChild(t, "kill-writer", "TestSIGKILLWaitingWriter", name)
+	if l := c.line(); l != "waiting" {
+		t.Fatalf("child said %q", l)
+	}
+	for {
+		info, err := f.Inspect(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Waiting == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the child writer did not queue in 30s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if _, err := f.Acquire(ctx, name, WithShared()); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a reader while the child writer waits: %v; want ErrLocked", err)
+	}
+	c.p.Kill()
+	r2, err := f.Acquire(ctx, name, WithShared(), WithWait())
+	if err != nil {
+		t.Fatalf("a reader after the waiting writer was killed: %v", err)
+	}
+	r2.Release()
 }

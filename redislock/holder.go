@@ -99,9 +99,11 @@ func (h *Holder) Name() string { return h.name }
 // follows it, a line each); for a semaphore permit
 // (WithMaxConcurrent above 1) it is the sorted set of the name's permit ids,
 // scored by expiry, in which this holder is one member, so it stays while
-// other permits are held. Neither is ever the key of another name.
+// other permits are held; a shared holder (WithShared) is a member of the
+// same set, of the name's readers. Neither is ever the key of another
+// name.
 func (h *Holder) Key() string {
-	if h.ls.limit == 1 {
+	if !h.ls.permit() {
 		return h.k.lock
 	}
 	return h.k.slots
@@ -181,10 +183,10 @@ func (h *Holder) extend(ctx context.Context) error {
 	var err error
 	if ack := h.f.replicaAck(); ack > 0 {
 		v, err = pipeScriptsAcked(ctx, h.f.primary(ctx, h.k.lock), 1, func(int) (*redis.Script, []string, []any) {
-			return extendCall(h.k, h.id, h.ls.limit, h.ls.ttl)
+			return extendCall(h.k, h.id, h.ls)
 		}, ack)[0].Int64()
 	} else {
-		sc, keys, args := extendCall(h.k, h.id, h.ls.limit, h.ls.ttl)
+		sc, keys, args := extendCall(h.k, h.id, h.ls)
 		v, err = sc.Run(ctx, h.f.c, keys, args...).Int64()
 	}
 	if err != nil {

@@ -64,6 +64,13 @@ func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 // with ErrMaxHold and its key removed; see lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
+// WithShared takes the name shared, beside other shared holders; see
+// lock.WithShared. The readers are kept like a semaphore's permits (a
+// sorted set scored by expiry); a writer that waits for them sets the
+// lock key, which turns new readers away (writer preference), and the
+// last reader's release hands the name to it.
+func WithShared() Option { return lock.WithShared() }
+
 // WithOwner records who holds the lock (a job or trace id), stored with
 // the lock and shown by Inspect. Default: pid@hostname.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }

@@ -1,7 +1,9 @@
-// Package redislock is a lock backend on Redis: named mutexes and
-// semaphores with fencing tokens, leases that renew, and waiting woken by
-// pub/sub: a mutex's waiters queue in Redis and a release hands the name
-// to the first of them (see wait.go).
+// Package redislock is a lock backend on Redis: named mutexes, shared
+// (read) locks and semaphores with fencing tokens, leases that renew, and
+// waiting woken by pub/sub: a mutex's waiters queue in Redis and a release
+// hands the name to the first of them (see wait.go). Shared holders are
+// kept like semaphore permits; a writer waiting for them turns new ones
+// away (see lua/mutex_acquire.lua).
 //
 // Every operation is one Lua script, so acquire, release and extend each
 // take one round trip. The acquire script sets the key with an expiry and
@@ -207,9 +209,10 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 
 // keys are the Redis keys and channel of one name, all tagged with
 // {<escaped name>} so that they share a cluster slot. tomb is the prefix
-// of its tombstone keys, one per given-up id (see tombOf).
+// of its tombstone keys, one per given-up id (see tombOf); rwait marks
+// that readers wait for the name (see lua/shared_acquire.lua).
 type keys struct {
-	lock, token, slots, permits, channel, tomb string
+	lock, token, slots, permits, channel, tomb, rwait string
 }
 
 func keysFor(prefix, name string) keys {
@@ -230,6 +233,7 @@ func keysOfBase(base string) keys {
 	return keys{
 		lock: base + "lock", token: base + "token", slots: base + "slots",
 		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
+		rwait: base + "rwait",
 	}
 }
 
@@ -249,7 +253,13 @@ type lease struct {
 	margin time.Duration // the holder gives up this long before the server's expiry
 	limit  int
 	meta   string // owner and metadata as stored for Inspect
+	shared bool   // WithShared: a reader, kept like a semaphore permit
+	wait   bool   // WithWait
 }
+
+// permit reports whether the holder is a member of the name's slots (a
+// semaphore permit or a reader) rather than the mutex's value.
+func (ls lease) permit() bool { return ls.limit > 1 || ls.shared }
 
 // resolve applies a call's options over the factory's.
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
@@ -258,9 +268,6 @@ func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
 
 func checkOptions(o *lock.Options) error {
 	if err := checkTTL(o.TTL); err != nil {
-		return err
-	}
-	if err := backend.NoShared(backendName, o); err != nil {
 		return err
 	}
 	return checkPrefix(o.KeyPrefix)
@@ -281,7 +288,7 @@ func (f *Factory) leaseOf(o *lock.Options) lease {
 	ttl := cmp.Or(o.TTL, DefaultTTL).Truncate(time.Millisecond) // what Redis stores
 	// A string and a map of strings always marshal.
 	m, _ := json.Marshal(meta{Owner: cmp.Or(o.Owner, f.owner), Metadata: o.Metadata})
-	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: string(m)}
+	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: string(m), shared: o.Shared, wait: o.Wait}
 }
 
 // probe fails when Redis does not answer (the Client interface has no
@@ -313,7 +320,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	ls := f.leaseOf(o)
 	id := newID()
 	var w *waiter
-	if o.Wait && ls.limit == 1 {
+	if o.Wait && !ls.permit() {
 		// In the hub before the first look, so that a grant is not missed.
 		w = f.hub.addMutex(k.channel, id)
 		w.leave = func() { f.leaveQueue(ctx, k, id, ls, w) }
@@ -322,7 +329,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	// Others in this process wait already for the semaphore: queue behind
 	// them rather than overtake them. The release that frees a permit
 	// wakes the first of them, and each in turn.
-	queued := o.Wait && ls.limit > 1 && f.hub.waiting(k.channel) > 0
+	queued := o.Wait && ls.permit() && f.hub.waiting(k.channel) > 0
 	return backend.Wait(ctx, backend.Waiting{
 		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
 		// A release grants a mutex or wakes a semaphore's first waiter;
@@ -337,7 +344,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 				return w, nil
 			}
 			var ahead int
-			w, ahead = f.hub.join(k.channel, ls.limit)
+			w, ahead = f.hub.join(k.channel)
 			if queued && ahead == 0 {
 				signal(w) // those it queued behind are gone: its turn
 			}
@@ -391,9 +398,16 @@ func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, ch strin
 	a := attempt{sent: time.Now()}
 	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
 	var cmd *redis.Cmd
-	if ls.limit == 1 {
+	switch {
+	case ls.shared:
+		wait := "0"
+		if ls.wait {
+			wait = "1"
+		}
+		cmd = sharedAcquire.Run(ctx, f.c, append(kl, k.rwait), semID(id), ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds(), wait)
+	case ls.limit == 1:
 		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds(), ch)
-	} else {
+	default:
 		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttl.Milliseconds(), ls.limit, ls.meta, tokenRetention.Milliseconds())
 	}
 	res, err := cmd.Result()
@@ -461,9 +475,9 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 	}()
 }
 
-// releaseCall is the script, keys and arguments that release the lock or
-// permit with this id (a mutex to its first waiter) and write its
-// tombstone, for one TTL.
+// releaseCall is the script, keys and arguments that release the lock,
+// reader or permit with this id (a mutex, or a name its last reader
+// leaves, to its first waiter) and write its tombstone, for one TTL.
 func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
 	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
 	if ls.limit == 1 {
@@ -471,17 +485,22 @@ func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []str
 		if f.together.Load() {
 			heard = "1"
 		}
-		return mutexRelease, []string{k.lock, tomb, k.token}, []any{id, ttl, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds()}
+		mode := ""
+		if ls.shared {
+			id, mode = semID(id), "s"
+		}
+		return mutexRelease, []string{k.lock, tomb, k.token, k.slots, k.permits, k.rwait}, []any{id, ttl, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds(), k.channel, mode}
 	}
 	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
 }
 
-// extendCall is the script, keys and arguments that extend it by ttl.
-func extendCall(k keys, id string, limit int, ttl time.Duration) (*redis.Script, []string, []any) {
-	if limit == 1 {
-		return mutexExtend, []string{k.lock}, []any{id, ttl.Milliseconds()}
+// extendCall is the script, keys and arguments that extend a holder of
+// lease ls by its TTL.
+func extendCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
+	if !ls.permit() {
+		return mutexExtend, []string{k.lock}, []any{id, ls.ttl.Milliseconds()}
 	}
-	return semExtend, k.list(), []any{semID(id), ttl.Milliseconds()}
+	return semExtend, k.list(), []any{semID(id), ls.ttl.Milliseconds()}
 }
 
 func toInt(v any) (int64, error) {
@@ -546,6 +565,13 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	return parseInspect(name, res, time.Now()), nil
 }
 
+// mutexReply reports whether an inspect reply is a mutex's holder (read
+// from the lock key), not permits or readers (read from slots).
+func mutexReply(res []any) bool {
+	lim, _ := toInt(res[0])
+	return lim == 1 && len(res) == 3
+}
+
 // parseInspect reads the inspect script's reply.
 func parseInspect(name string, res []any, now time.Time) lock.Info {
 	info := lock.Info{Name: name}
@@ -554,7 +580,7 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 	}
 	lim, _ := toInt(res[0])
 	info.Limit = int(lim)
-	if info.Limit == 1 && len(res) == 3 {
+	if mutexReply(res) {
 		v, _ := res[1].(string)
 		ms, _ := toInt(res[2])
 		// The waiters queued for the mutex follow the holder, one line
@@ -568,6 +594,11 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 			info.Holders = append(info.Holders, holderInfo(parts[1], parts[2], parts[3], ms, now))
 		}
 		return info
+	}
+	if (len(res)-1)%3 == 1 {
+		// A writer waits for the readers: the placeholder's queue.
+		v, _ := res[len(res)-1].(string)
+		info.Waiting = strings.Count(v, "\n")
 	}
 	for i := 1; i+2 < len(res); i += 3 {
 		v, _ := res[i+1].(string)
@@ -591,8 +622,9 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 // twice. Names are recovered from their keys; a long name, whose key
 // holds a hash of it, is listed under its escaped form
 // (backend.ListedName), and only when prefix fits in that form's
-// readable part. Waiting counts the waiters queued for a mutex (0 for a
-// semaphore: not counted).
+// readable part. Waiting counts the waiters queued for a mutex, or the
+// writers waiting for a shared name's readers (0 for a semaphore: not
+// counted).
 func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
 	return func(yield func(lock.Info, error) bool) {
 		kp := f.cfg.Options.KeyPrefix
@@ -669,9 +701,10 @@ func (f *Factory) listPage(ctx context.Context, kp, prefix string, page []string
 			return nil, fmt.Errorf("redislock: list: %w", err)
 		}
 		info := parseInspect(names[i].name, res, now)
-		// A name with both keys (a mutex over a semaphore's stale slots)
-		// is listed once, from the key the inspect script read.
-		if len(info.Holders) == 0 || names[i].sem == (info.Limit == 1) {
+		// A name with both keys (a mutex over a semaphore's stale slots,
+		// readers and a writer's placeholder) is listed once, from the
+		// key the inspect script read.
+		if len(info.Holders) == 0 || names[i].sem == mutexReply(res) {
 			continue
 		}
 		infos = append(infos, info)

@@ -43,6 +43,7 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 		Wait:        true,
 		Semaphore:   true,
 		Extend:      true,
+		Shared:      true,
 		TTL:         time.Second,
 		Inspector:   func(testing.TB) lock.Inspector { return fs[0] },
 		Lister:      func(testing.TB) lock.Lister { return fs[1] },

@@ -227,7 +227,7 @@ func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch b
 	var many []bool
 	var cur []*Holder
 	for _, h := range hs {
-		if batch && h.ls.limit == 1 {
+		if batch && !h.ls.permit() {
 			cur = append(cur, h)
 			if len(cur) == renewBatch {
 				jobs, many, cur = append(jobs, cur), append(many, true), nil
@@ -243,7 +243,7 @@ func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch b
 		job := jobs[i]
 		if !many[i] {
 			h := job[0]
-			return extendCall(h.k, h.id, h.ls.limit, h.ls.ttl)
+			return extendCall(h.k, h.id, h.ls)
 		}
 		keys := make([]string, len(job))
 		args := make([]any, 0, 2*len(job))

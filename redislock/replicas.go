@@ -91,7 +91,7 @@ func (f *Factory) confirm(ctx context.Context, h *Holder, ack int) error {
 	ctx, cancel := context.WithTimeout(ctx, h.ls.ttl/3)
 	defer cancel()
 	cmd := pipeScriptsAcked(ctx, f.primary(ctx, h.k.lock), 1, func(int) (*redis.Script, []string, []any) {
-		return extendCall(h.k, h.id, h.ls.limit, h.ls.ttl)
+		return extendCall(h.k, h.id, h.ls)
 	}, ack)[0]
 	v, err := cmd.Int64()
 	switch {

@@ -18,7 +18,11 @@ import (
 // (counter), slots (zset of semaphore permit ids scored by expiry in server
 // milliseconds), permits (hash: permit id -> "token:since:meta", and
 // "#limit" -> the semaphore's limit), and for acquire and release the id's
-// tombstone (see keys.tombOf).
+// tombstone (see keys.tombOf). A name held shared keeps its readers in
+// slots and permits like a semaphore's permits, with "#limit" 1, and a
+// writer waiting for them sets the lock to a placeholder,
+// "shared:token:since:", followed by the queue (lua/mutex_acquire.lua);
+// rwait marks that readers wait for the lock (lua/shared_acquire.lua).
 //
 // A holder is identified by a random id that is unique per acquisition. A
 // mutex holder's value is "id:token:since:meta", followed by the queue of
@@ -46,6 +50,8 @@ var (
 	mutexExtendSrc string
 	//go:embed lua/mutex_extend_many.lua
 	mutexExtendManySrc string
+	//go:embed lua/shared_acquire.lua
+	sharedAcquireSrc string
 	//go:embed lua/sem_acquire.lua
 	semAcquireSrc string
 	//go:embed lua/sem_release.lua
@@ -63,6 +69,7 @@ var (
 	mutexRelease  = redis.NewScript(mutexReleaseSrc)
 	mutexExtend   = redis.NewScript(mutexExtendSrc)
 	mutexExtendN  = redis.NewScript(mutexExtendManySrc)
+	sharedAcquire = redis.NewScript(sharedAcquireSrc)
 	semAcquire    = redis.NewScript(semAcquireSrc)
 	semRelease    = redis.NewScript(semReleaseSrc)
 	semExtend     = redis.NewScript(semExtendSrc)

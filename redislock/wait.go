@@ -65,12 +65,11 @@ type hub struct {
 
 // waiter is one waiting Acquire's place in the queue of its channel.
 type waiter struct {
-	h     *hub
-	ch    string
-	key   string        // the name's channel, which identifies the name
-	id    string        // a mutex waiter's id ("<id>:")
-	wake  chan struct{} // buffered 1
-	limit int
+	h    *hub
+	ch   string
+	key  string        // the name's channel, which identifies the name
+	id   string        // a mutex waiter's id ("<id>:")
+	wake chan struct{} // buffered 1
 	// leave runs once the waiter is done without the lock, if set.
 	leave func()
 	// Guarded by h.mu (joined is written on the waiting goroutine, which
@@ -106,7 +105,7 @@ func (w *waiter) Close() {
 // factory received, and joins the name's queue once the factory's
 // subscription is confirmed. On contention a.pttl says when to look again.
 func (f *Factory) look(ctx context.Context, k keys, id string, ls lease, w *waiter) (attempt, error) {
-	if w == nil || ls.limit > 1 {
+	if w == nil || ls.permit() {
 		a, err := f.try(ctx, k, id, ls, "")
 		a.pttl = max(a.pttl, time.Millisecond)
 		return a, err
@@ -170,11 +169,11 @@ func signal(w *waiter) {
 	}
 }
 
-// join queues a semaphore waiter on ch, for a name of this limit, and
-// subscribes to ch if this process did not listen on it yet. ahead is the
-// number of waiters queued before it.
-func (h *hub) join(ch string, limit int) (w *waiter, ahead int) {
-	w = &waiter{h: h, ch: ch, key: ch, wake: make(chan struct{}, 1), limit: limit}
+// join queues a semaphore or reader waiter on ch and subscribes to ch if
+// this process did not listen on it yet. ahead is the number of waiters
+// queued before it.
+func (h *hub) join(ch string) (w *waiter, ahead int) {
+	w = &waiter{h: h, ch: ch, key: ch, wake: make(chan struct{}, 1)}
 	return w, h.add(w)
 }
 
@@ -182,7 +181,7 @@ func (h *hub) join(ch string, limit int) (w *waiter, ahead int) {
 // channel is key, to the factory's own channel; leave runs if it ends
 // without the lock after it joined the name's queue.
 func (h *hub) addMutex(key, id string) *waiter {
-	w := &waiter{h: h, ch: h.own, key: key, id: id, wake: make(chan struct{}, 1), limit: 1}
+	w := &waiter{h: h, ch: h.own, key: key, id: id, wake: make(chan struct{}, 1)}
 	h.add(w)
 	return w
 }
@@ -245,9 +244,10 @@ func (h *hub) waiting(ch string) int {
 }
 
 // leave takes w out of the queue; it reports false if it was out already.
-// For a semaphore, a wake w did not use (it gave up, or got the lock
-// through an earlier wake) passes to the next waiter, and so does the turn
-// after a permit was taken: another permit may be free.
+// For a semaphore or readers, a wake w did not use (it gave up, or got
+// the lock through an earlier wake) passes to the next waiter, and so
+// does the turn after a permit was taken: another permit may be free,
+// another reader may join.
 func (h *hub) leave(w *waiter) bool {
 	h.mu.Lock()
 	if w.done {
@@ -259,15 +259,13 @@ func (h *hub) leave(w *waiter) bool {
 	if i := slices.Index(ws, w); i >= 0 {
 		ws = slices.Delete(ws, i, i+1)
 	}
-	pending := false
 	select {
-	case <-w.wake:
-		pending = true
+	case <-w.wake: // a wake it did not use
 	default:
 	}
 	if len(ws) > 0 {
 		h.chans[w.ch] = ws
-		if w.ch != h.own && (pending || !w.acquired || w.limit > 1) {
+		if w.ch != h.own {
 			signal(ws[0])
 		}
 		h.mu.Unlock()

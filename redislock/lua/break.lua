@@ -8,6 +8,11 @@
 -- hands it to the first waiter of its queue) | {'s'} every live permit of
 -- the semaphore deleted and its waiters woken, as sem_release.lua does |
 -- {'d'} a mutex value not in redislock's form (an operator's SET) deleted.
+-- A shared name's readers are freed as a semaphore's permits are; if a
+-- writer waits for them (the lock is the placeholder "shared:..."), the
+-- reply is {'w'} and the caller then hands the name to the writer by a
+-- shared-mode release of nobody (mutex_release.lua), which finds no
+-- reader left.
 --
 -- Tokens are decimal strings, compared and incremented as such (see
 -- fence.lua: Lua numbers are exact only up to 2^53).
@@ -40,6 +45,8 @@ local function raise(toks)
 end
 
 local v = redis.call('GET', KEYS[1])
+local writer = v and string.sub(v, 1, 7) == 'shared:' -- readers, a writer waiting
+if writer then v = nil end
 if v then
   local _, _, id, tok = string.find(v, '^(%x+:)(%d+):')
   if id then
@@ -62,4 +69,5 @@ end
 raise(toks)
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('PUBLISH', ARGV[1], 'r')
+if writer then return {'w'} end
 return {'s'}

@@ -1,0 +1,209 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ubgo/lock"
+)
+
+// waitJoined returns once a mutex waiter of f joined the queue of name
+// (or, for readers, waits on its channel).
+func waitJoined(t *testing.T, f *Factory, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for f.hub.waiting(keysFor(testPrefix, name).channel) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters on %q after 30s, want %d", f.hub.waiting(keysFor(testPrefix, name).channel), name, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Inspect and List of a name held shared show its readers as holders (in
+// token order, limit 1) and a writer queued behind them as waiting; the
+// name is listed once, though both its lock key (the placeholder) and
+// its slots exist.
+func TestInspectShared(t *testing.T) {
+	rdb := newClient(t)
+	f := testFactory(t, rdb, WithTTL(time.Minute))
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	r1, err := f.Acquire(ctx, name, WithShared(), WithOwner("r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := testFactory(t, rdb).Acquire(ctx, name, WithShared(), WithOwner("r2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Key() != r2.Key() || r1.Key() != keysFor(testPrefix, name).slots {
+		t.Errorf("readers' keys %q, %q; want the slots key", r1.Key(), r2.Key())
+	}
+	wf := testFactory(t, rdb)
+	got := make(chan error, 1)
+	go func() {
+		w, err := wf.Acquire(ctx, name, WithWait())
+		if err == nil {
+			err = w.Release()
+		}
+		got <- err
+	}()
+	waitJoined(t, wf, name, 1)
+	info, err := f.Inspect(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Limit != 1 || info.Waiting != 1 || len(info.Holders) != 2 || info.Holders[0].Owner != "r1" || info.Holders[1].Owner != "r2" {
+		t.Fatalf("Inspect with two readers and a waiting writer = %+v", info)
+	}
+	n := 0
+	for li, err := range f.List(ctx, name) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if li.Name == name {
+			n++
+			if len(li.Holders) != 2 || li.Waiting != 1 {
+				t.Errorf("List: %+v", li)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("List reported %q %d times; want once", name, n)
+	}
+	r1.Release()
+	r2.Release()
+	if err := <-got; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+}
+
+// A writer that gives up waiting for readers takes its placeholder with
+// it: new readers get in at once, not when the placeholder expires.
+func TestSharedWriterGivesUp(t *testing.T) {
+	rdb := newClient(t)
+	f := testFactory(t, rdb, WithTTL(time.Minute))
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	r, err := f.Acquire(ctx, name, WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	wf := testFactory(t, rdb, WithTTL(time.Minute))
+	wctx, cancel := context.WithCancel(ctx)
+	got := make(chan error, 1)
+	go func() {
+		_, err := wf.Acquire(wctx, name, WithWait())
+		got <- err
+	}()
+	waitJoined(t, wf, name, 1)
+	if _, err := f.Acquire(ctx, name, WithShared()); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a reader while the writer waits: %v; want ErrLocked", err)
+	}
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled writer: %v", err)
+	}
+	if n, _ := rdb.Exists(ctx, keysFor(testPrefix, name).lock).Result(); n != 0 {
+		t.Fatal("the placeholder outlived the writer that gave up")
+	}
+	r2, err := f.Acquire(ctx, name, WithShared())
+	if err != nil {
+		t.Fatalf("a reader after the writer gave up: %v", err)
+	}
+	r2.Release()
+}
+
+// Break frees a name's readers, and hands it to a writer waiting for them;
+// the readers learn of it at their next renewal.
+func TestBreakShared(t *testing.T) {
+	rdb := newClient(t)
+	f := testFactory(t, rdb, WithTTL(time.Second))
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	r, err := f.Acquire(ctx, name, WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := testFactory(t, rdb, WithTTL(time.Minute))
+	type got struct {
+		h   *Holder
+		err error
+	}
+	wc := make(chan got, 1)
+	go func() {
+		h, err := wf.Acquire(ctx, name, WithWait())
+		wc <- got{h, err}
+	}()
+	waitJoined(t, wf, name, 1)
+	if err := testFactory(t, rdb).Break(ctx, name); err != nil {
+		t.Fatalf("Break: %v", err)
+	}
+	w := <-wc
+	if w.err != nil {
+		t.Fatalf("writer after Break: %v", w.err)
+	}
+	defer w.h.Release()
+	if w.h.Token() <= r.Token() {
+		t.Errorf("writer's token %d not above the broken reader's %d", w.h.Token(), r.Token())
+	}
+	select {
+	case <-r.Done():
+		if !errors.Is(r.Err(), ErrLockLost) {
+			t.Errorf("broken reader: Err %v; want ErrLockLost", r.Err())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("broken reader did not notice within 30s")
+	}
+}
+
+// BenchmarkShared is an uncontended acquire+release, exclusive and shared:
+// one script each way in both modes.
+func BenchmarkShared(b *testing.B) {
+	rdb := newClient(b)
+	for _, c := range []struct {
+		what string
+		opts []Option
+	}{{"exclusive", nil}, {"shared", []Option{WithShared()}}} {
+		b.Run(c.what, func(b *testing.B) {
+			f := testFactory(b, rdb)
+			ctx := context.Background()
+			name := uniq(b, "x")
+			for b.Loop() {
+				h, err := f.Acquire(ctx, name, c.opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				h.Release()
+			}
+		})
+	}
+}
+
+// A name is shared or a semaphore: a reader on a semaphore's name, and a
+// semaphore on a name held shared, are ErrLimitMismatch.
+func TestSharedModeMismatch(t *testing.T) {
+	f := testFactory(t, newClient(t))
+	ctx := ctxT(t)
+	name := uniq(t, "x")
+	s, err := f.Acquire(ctx, name, WithMaxConcurrent(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, name, WithShared()); !errors.Is(err, lock.ErrLimitMismatch) {
+		t.Fatalf("a reader on a held semaphore: %v; want ErrLimitMismatch", err)
+	}
+	s.Release()
+	r, err := f.Acquire(ctx, name, WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, name, WithMaxConcurrent(2)); !errors.Is(err, lock.ErrLimitMismatch) {
+		t.Fatalf("a semaphore on a name held shared: %v; want ErrLimitMismatch", err)
+	}
+	r.Release()
+}
