@@ -283,8 +283,7 @@ func pgDef() *backendDef {
 
 func redisDef() *backendDef {
 	return &backendDef{
-		// shared: false until redislock honours lock.WithShared.
-		name: "redislock", class: leaseExclusion, ttl: time.Second,
+		name: "redislock", class: leaseExclusion, ttl: time.Second, shared: true,
 		// "Process killed: its locks are freed when their keys expire,
 		// within one TTL; waiters notice within the lease they were told
 		// about." After a restart or a partition the same TTL bounds it.
