@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -68,12 +69,50 @@ type backendDef struct {
 	stopFor   time.Duration // how long a SIGSTOP lasts
 	stallFor  time.Duration // how long a proxy stall lasts
 	inProcess bool          // clients are goroutines (memlock: no other way)
+	// shared says the backend honours lock.WithShared: it also runs the
+	// shared workload, as "<name>-shared" (see sharedDefs).
+	shared bool
+	// mix makes this run the shared workload: each critical section is a
+	// reader's (WithShared, a fenced read) or a writer's.
+	mix bool
 	// setup runs in the parent: it starts private servers and proxies,
 	// adds the clients' environment and the backend's own faults.
 	setup func(r *run) error
-	// client builds the contender's Locker (waiting, renewing) from the
-	// environment setup wrote.
-	client func(getenv func(string) string) (lock.Locker, func(), error)
+	// client builds the contender's Lockers (waiting, renewing; with the
+	// options given, such as lock.WithShared) from the environment setup
+	// wrote: one factory per client.
+	client func(getenv func(string) string) (newLocker, func(), error)
+}
+
+// newLocker returns a Locker of one client's factory with opts over the
+// client's own (waiting).
+type newLocker func(opts ...lock.Option) lock.Locker
+
+func lockers(as func(...lock.Option) lock.Locker, base ...lock.Option) newLocker {
+	return func(opts ...lock.Option) lock.Locker { return as(slices.Concat(base, opts)...) }
+}
+
+// sharedLocker is the readers' Locker of a client of b: nil unless b runs
+// the shared workload.
+func (b *backendDef) sharedLocker(mk newLocker) lock.Locker {
+	if !b.mix {
+		return nil
+	}
+	return mk(lock.WithShared())
+}
+
+// sharedDefs adds to bs, for each backend that honours WithShared, the
+// same backend running the shared workload under the name
+// "<name>-shared".
+func sharedDefs(bs []*backendDef) []*backendDef {
+	for _, b := range slices.Clone(bs) {
+		if b.shared {
+			s := *b
+			s.name, s.mix = b.name+"-shared", true
+			bs = append(bs, &s)
+		}
+	}
+	return bs
 }
 
 func backendByName(name string) *backendDef {
@@ -91,9 +130,9 @@ func durEnv(getenv func(string) string, k string) time.Duration {
 }
 
 func backends() []*backendDef {
-	return []*backendDef{
+	return sharedDefs([]*backendDef{
 		{
-			name: "flock", class: kernelExclusion,
+			name: "flock", class: kernelExclusion, shared: true,
 			// "the kernel frees the lock at once; a waiter in another
 			// process is woken by inotify"
 			recover: 0,
@@ -103,13 +142,13 @@ func backends() []*backendDef {
 				r.env = append(r.env, "CHAOS_DIR="+r.mkdir("flock"))
 				return nil
 			},
-			client: func(getenv func(string) string) (lock.Locker, func(), error) {
+			client: func(getenv func(string) string) (newLocker, func(), error) {
 				f := flock.NewFactory(flock.WithDir(getenv("CHAOS_DIR")), flock.WithLogger(nil))
-				return f.AsLocker(flock.WithWait()), func() { f.Close() }, nil
+				return lockers(f.AsLocker, flock.WithWait()), func() { f.Close() }, nil
 			},
 		},
 		{
-			name: "filelock", class: leaseExclusion, ttl: time.Second,
+			name: "filelock", class: leaseExclusion, ttl: time.Second, shared: true,
 			// killed holder: reclaimed at once by the probe, waiters poll
 			// (≤250ms); stopped holder: its lease (the stale window).
 			recover: time.Second,
@@ -119,22 +158,22 @@ func backends() []*backendDef {
 				r.env = append(r.env, "CHAOS_DIR="+r.mkdir("filelock"), "CHAOS_TTL="+r.b.ttl.String())
 				return nil
 			},
-			client: func(getenv func(string) string) (lock.Locker, func(), error) {
+			client: func(getenv func(string) string) (newLocker, func(), error) {
 				f := filelock.NewFactory(filelock.WithDir(getenv("CHAOS_DIR")), filelock.WithTTL(durEnv(getenv, "CHAOS_TTL")), filelock.WithLogger(nil))
-				return f.AsLocker(filelock.WithWait()), func() { f.Close() }, nil
+				return lockers(f.AsLocker, filelock.WithWait()), func() { f.Close() }, nil
 			},
 		},
 		pgDef(),
 		redisDef(),
 		etcdDef(),
 		{
-			name: "memlock", class: leaseExclusion, inProcess: true,
+			name: "memlock", class: leaseExclusion, inProcess: true, shared: true,
 			recover: 0,
 			faults:  []string{fLoss, fCancel},
 			setup: func(r *run) error {
 				f := memlock.NewFactory(memlock.WithLogger(nil))
 				r.t.Cleanup(func() { f.Close() })
-				r.inproc = func() (lock.Locker, func(), error) { return f.AsLocker(memlock.WithWait()), func() {}, nil }
+				r.inproc = func() (newLocker, func(), error) { return lockers(f.AsLocker, memlock.WithWait()), func() {}, nil }
 				r.custom[fLoss] = func() fault {
 					t := now()
 					n := f.ForceLoss(r.name)
@@ -143,7 +182,7 @@ func backends() []*backendDef {
 				return nil
 			},
 		},
-	}
+	})
 }
 
 // pglock's timing options for the run: short, so that losses are noticed
@@ -156,7 +195,7 @@ const (
 
 func pgDef() *backendDef {
 	return &backendDef{
-		name: "pglock", class: sessionExclusion,
+		name: "pglock", class: sessionExclusion, shared: true,
 		// A session that ended frees its locks at once; a waiter retries
 		// within WithPollInterval; a stalled session is noticed within
 		// WithHealthInterval + WithStatementTimeout and then closed.
@@ -220,7 +259,7 @@ func pgDef() *backendDef {
 			}
 			return nil
 		},
-		client: func(getenv func(string) string) (lock.Locker, func(), error) {
+		client: func(getenv func(string) string) (newLocker, func(), error) {
 			cfg, err := pgxpool.ParseConfig(getenv("CHAOS_PG_DSN"))
 			if err != nil {
 				return nil, nil, err
@@ -237,14 +276,14 @@ func pgDef() *backendDef {
 			f := pglock.NewFactory(pool, pglock.WithKeyPrefix(getenv("CHAOS_PREFIX")), pglock.WithApplicationName(getenv("CHAOS_APP")),
 				pglock.WithHealthInterval(pgHealth), pglock.WithStatementTimeout(pgStatement), pglock.WithPollInterval(pgPoll),
 				pglock.WithConnectTimeout(2*time.Second), pglock.WithLogger(nil))
-			return f.AsLocker(pglock.WithWait()), func() { f.Close(); pool.Close() }, nil
+			return lockers(f.AsLocker, pglock.WithWait()), func() { f.Close(); pool.Close() }, nil
 		},
 	}
 }
 
 func redisDef() *backendDef {
 	return &backendDef{
-		name: "redislock", class: leaseExclusion, ttl: time.Second,
+		name: "redislock", class: leaseExclusion, ttl: time.Second, shared: true,
 		// "Process killed: its locks are freed when their keys expire,
 		// within one TTL; waiters notice within the lease they were told
 		// about." After a restart or a partition the same TTL bounds it.
@@ -264,17 +303,17 @@ func redisDef() *backendDef {
 			r.custom[fRestart] = serverRestart(r, s)
 			return nil
 		},
-		client: func(getenv func(string) string) (lock.Locker, func(), error) {
+		client: func(getenv func(string) string) (newLocker, func(), error) {
 			rdb := redis.NewClient(&redis.Options{Addr: getenv("CHAOS_ADDR"), DialTimeout: time.Second})
 			f := redislock.NewFactory(rdb, redislock.WithKeyPrefix(getenv("CHAOS_PREFIX")), redislock.WithTTL(durEnv(getenv, "CHAOS_TTL")), redislock.WithLogger(nil))
-			return f.AsLocker(redislock.WithWait()), func() { f.Close(); rdb.Close() }, nil
+			return lockers(f.AsLocker, redislock.WithWait()), func() { f.Close(); rdb.Close() }, nil
 		},
 	}
 }
 
 func etcdDef() *backendDef {
 	return &backendDef{
-		name: "etcdlock", class: leaseExclusion, ttl: 2 * time.Second,
+		name: "etcdlock", class: leaseExclusion, ttl: 2 * time.Second, shared: true,
 		// "Process killed: its locks are freed when etcd expires its
 		// lease, within one TTL (plus etcd's expiry check, ~0.5s)."
 		recover:  2500 * time.Millisecond,
@@ -293,7 +332,7 @@ func etcdDef() *backendDef {
 			r.custom[fRestart] = serverRestart(r, s)
 			return nil
 		},
-		client: func(getenv func(string) string) (lock.Locker, func(), error) {
+		client: func(getenv func(string) string) (newLocker, func(), error) {
 			cli, err := clientv3.New(clientv3.Config{
 				Endpoints:   []string{getenv("CHAOS_ADDR")},
 				DialTimeout: 3 * time.Second,
@@ -308,7 +347,7 @@ func etcdDef() *backendDef {
 				return nil, nil, err
 			}
 			f := etcdlock.NewFactory(cli, etcdlock.WithKeyPrefix(getenv("CHAOS_PREFIX")), etcdlock.WithTTL(durEnv(getenv, "CHAOS_TTL")), etcdlock.WithLogger(nil))
-			return f.AsLocker(etcdlock.WithWait()), func() { f.Close(); cli.Close() }, nil
+			return lockers(f.AsLocker, etcdlock.WithWait()), func() { f.Close(); cli.Close() }, nil
 		},
 	}
 }

@@ -21,6 +21,7 @@ type csec struct {
 	client, cs int
 	tok        uint64
 	pid        int
+	shared     bool // a reader's (shared workload)
 	acq0, acq1 int64
 	rel0, rel1 int64
 	relCall    int64 // when Release was called, even if it never returned
@@ -69,6 +70,9 @@ type report struct {
 	staleRead    int      // reads refused by the fence
 	staleWrite   int      // writes refused by the fence
 	overlaps     int      // pairs of overlapping sections, all explained by a loss
+	mix          bool     // the shared workload
+	readers      int      // readers' sections (shared workload)
+	together     int      // pairs of readers' sections that overlapped, neither lost
 	stale        int      // sections overlapped by a successor
 	lostHolders  int      // holders that lost their lock (by evidence)
 	sawDone      int      // of which Done was closed when their Release returned
@@ -88,7 +92,7 @@ func (r *report) violate(kind, format string, args ...any) {
 // analyse reads the histories and the register's log of a finished run and
 // checks the guarantees.
 func analyse(r *run) *report {
-	rep := &report{backend: r.b.name, class: r.b.class, seed: r.cfg.seed, clients: r.nextID, faults: map[string]int{}}
+	rep := &report{backend: r.b.name, class: r.b.class, seed: r.cfg.seed, clients: r.nextID, faults: map[string]int{}, mix: r.b.mix}
 	epoch = 0
 	for _, f := range r.faults {
 		if !f.skipped {
@@ -149,7 +153,7 @@ func analyse(r *run) *report {
 			}
 			switch e.K {
 			case "acq":
-				c.tok, c.pid, c.acq0, c.acq1 = e.Tok, e.PID, e.T0, e.T1
+				c.tok, c.pid, c.acq0, c.acq1, c.shared = e.Tok, e.PID, e.T0, e.T1, e.Sh
 			case "rd":
 				c.rd = e
 			case "wr":
@@ -200,6 +204,9 @@ func analyse(r *run) *report {
 	rep.sections = len(all)
 	rep.accesses = len(ops)
 
+	if r.b.mix {
+		checkShared(rep, all)
+	}
 	checkRegister(rep, ops)
 	checkTokens(rep, all)
 	checkOverlaps(rep, r, all)
@@ -209,30 +216,62 @@ func analyse(r *run) *report {
 	return rep
 }
 
+// checkShared: in the shared workload readers held the name together,
+// neither of them having lost it (else a backend taking WithShared as an
+// exclusive lock would pass).
+// That no writer overlapped anyone is checkOverlaps's.
+func checkShared(rep *report, all []*csec) {
+	for i, a := range all {
+		if !a.shared {
+			continue
+		}
+		rep.readers++
+		for _, b := range all[i+1:] {
+			if b.acq1 >= a.end {
+				break
+			}
+			// A section that lost its lock may overlap any other.
+			if b.shared && !a.lost() && !b.lost() && !a.killed && !b.killed && !a.stopped && !b.stopped {
+				rep.together++
+			}
+		}
+	}
+	if rep.together == 0 {
+		rep.violate("shared", "no two of %d readers' sections held the name together", rep.readers)
+	}
+}
+
 // checkRegister: the fence never accepted a token lower than one it had
 // accepted (check 1), and no accepted write lost another's update (check
 // 3): each wrote the value it replaced plus one.
 func checkRegister(rep *report, ops []regOp) {
-	var highest uint64
+	var highest, highestW uint64
 	var value, writes int64
 	reads := map[[2]int]int64{}
 	for _, op := range ops {
-		ok := op.Token > 0 && op.Token >= highest
+		ok := fenceAccepts(op.Kind, op.Token, highest, highestW)
 		if ok != op.OK {
-			rep.violate("fence", "access %d: token %d against highest %d: accepted=%v", op.Seq, op.Token, highest, op.OK)
+			rep.violate("fence", "access %d (%c): token %d against highest %d (a writer's %d): accepted=%v", op.Seq, op.Kind, op.Token, highest, highestW, op.OK)
 		}
 		if !op.OK {
-			if op.Kind == 'R' {
-				rep.staleRead++
-			} else {
+			if op.Kind == 'W' {
 				rep.staleWrite++
+			} else {
+				rep.staleRead++
 			}
+			continue
+		}
+		if op.Kind == 'S' {
+			if op.Token < highestW {
+				rep.violate("fence", "reader's access %d accepted token %d below a writer's %d", op.Seq, op.Token, highestW)
+			}
+			highest = max(highest, op.Token)
 			continue
 		}
 		if op.Token < highest {
 			rep.violate("fence", "access %d accepted token %d below %d", op.Seq, op.Token, highest)
 		}
-		highest = op.Token
+		highest, highestW = op.Token, op.Token
 		switch op.Kind {
 		case 'R':
 			reads[[2]int{op.Client, op.CS}] = op.Value
@@ -254,7 +293,9 @@ func checkRegister(rep *report, ops []regOp) {
 }
 
 // checkTokens: tokens are unique per acquisition and larger than those of
-// every holder that had released before the acquire began.
+// every holder that had released before the acquire began — in the shared
+// workload, where a writer is one of the two (readers' tokens are in no
+// order among themselves).
 func checkTokens(rep *report, all []*csec) {
 	byTok := map[uint64]*csec{}
 	for _, c := range all {
@@ -277,17 +318,25 @@ func checkTokens(rep *report, all []*csec) {
 	sort.Slice(ended, func(i, j int) bool { return relAt(ended[i]) < relAt(ended[j]) })
 	byCall := slices.Clone(all)
 	sort.Slice(byCall, func(i, j int) bool { return byCall[i].acq0 < byCall[j].acq0 })
-	var best *csec
+	var best, bestW *csec // of every section, of writers'
 	i := 0
 	for _, b := range byCall {
 		for i < len(ended) && relAt(ended[i]) < b.acq0 {
-			if best == nil || ended[i].tok > best.tok {
-				best = ended[i]
+			e := ended[i]
+			if best == nil || e.tok > best.tok {
+				best = e
+			}
+			if !e.shared && (bestW == nil || e.tok > bestW.tok) {
+				bestW = e
 			}
 			i++
 		}
-		if best != nil && b.tok <= best.tok {
-			rep.violate("token", "%v got a token not above %v, which had released before it asked", b, best)
+		than := best
+		if b.shared {
+			than = bestW
+		}
+		if than != nil && b.tok <= than.tok {
+			rep.violate("token", "%v got a token not above %v, which had released before it asked", b, than)
 		}
 	}
 }
@@ -296,12 +345,17 @@ func checkTokens(rep *report, all []*csec) {
 // overlap, the one with the smaller token first: the stale one, whichever
 // Acquire returned first (a holder can lose its lock before its Acquire
 // even returns).
+// Two readers' sections (shared workload) may overlap: they are not
+// returned.
 func overlapping(all []*csec) [][2]*csec {
 	var pairs [][2]*csec
 	for i, a := range all {
 		for _, b := range all[i+1:] {
 			if b.acq1 >= a.end {
 				break
+			}
+			if a.shared && b.shared {
+				continue
 			}
 			if b.tok < a.tok {
 				pairs = append(pairs, [2]*csec{b, a})
@@ -422,28 +476,42 @@ func checkRecovery(rep *report, r *run) {
 // The register, seen one critical section at a time: with fencing, each
 // section is one atomic step — a read-increment-write, a read alone, or
 // nothing when the fence refused its read.
-type csIn struct{ tok uint64 }
+type csIn struct {
+	tok    uint64
+	shared bool // a reader's: a read alone, fenced by writers' tokens
+}
 type csOut struct {
 	readOK  bool
 	readV   int64
 	wroteOK bool
 }
 type regState struct {
-	value   int64
-	highest uint64
+	value    int64
+	highest  uint64
+	highestW uint64 // of writers' sections
 }
 
 var csModel = porcupine.Model{
 	Init: func() any { return regState{} },
 	Step: func(state, input, output any) (bool, any) {
 		s, in, out := state.(regState), input.(csIn), output.(csOut)
+		if in.shared {
+			if !out.readOK {
+				return in.tok < s.highestW, s
+			}
+			if in.tok < s.highestW || s.value != out.readV {
+				return false, s
+			}
+			s.highest = max(s.highest, in.tok)
+			return true, s
+		}
 		if !out.readOK {
 			return in.tok < s.highest, s
 		}
 		if in.tok < s.highest || s.value != out.readV {
 			return false, s
 		}
-		s.highest = in.tok
+		s.highest, s.highestW = in.tok, in.tok
 		if out.wroteOK {
 			s.value++
 		}
@@ -451,6 +519,9 @@ var csModel = porcupine.Model{
 	},
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(csIn), output.(csOut)
+		if in.shared {
+			return fmt.Sprintf("shared cs(tok %d) read %v/%d", in.tok, out.readOK, out.readV)
+		}
 		return fmt.Sprintf("cs(tok %d) read %v/%d wrote %v", in.tok, out.readOK, out.readV, out.wroteOK)
 	},
 }
@@ -468,7 +539,7 @@ func checkLinearizable(rep *report, all []*csec) {
 		for _, op := range c.ops {
 			last = max(last, op.T)
 			switch op.Kind {
-			case 'R':
+			case 'R', 'S':
 				out.readOK, out.readV = op.OK, op.Value
 			case 'W':
 				out.wroteOK = op.OK
@@ -486,7 +557,7 @@ func checkLinearizable(rep *report, all []*csec) {
 			ret = c.rd.T1
 		}
 		ret = max(ret, last) // a killed client's last access
-		hist = append(hist, porcupine.Operation{ClientId: c.client, Input: csIn{c.tok}, Output: out, Call: call, Return: ret})
+		hist = append(hist, porcupine.Operation{ClientId: c.client, Input: csIn{c.tok, c.shared}, Output: out, Call: call, Return: ret})
 	}
 	res := porcupine.CheckOperationsTimeout(csModel, hist, 60*time.Second)
 	rep.linearizable = string(res)
@@ -500,6 +571,9 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "\n%s (seed %d, %v, %d client processes over the run, exclusion: %s)\n", rep.backend, rep.seed, rep.elapsed.Round(time.Second), rep.clients, rep.class)
 	fmt.Fprintf(w, "| metric | value |\n|---|---|\n")
 	fmt.Fprintf(w, "| operations | %d acquires (%d critical sections, %d waits cancelled, %d errors), %d register accesses |\n", rep.acquires, rep.sections, rep.canceled, rep.acqErrs, rep.accesses)
+	if rep.mix {
+		fmt.Fprintf(w, "| readers' sections / pairs of them held together | %d / %d |\n", rep.readers, rep.together)
+	}
 	fmt.Fprintf(w, "| faults | %s |\n", rep.faultList())
 	fmt.Fprintf(w, "| violations | %s |\n", rep.violationCount())
 	fmt.Fprintf(w, "| stale accesses rejected by the fence | %d writes, %d reads |\n", rep.staleWrite, rep.staleRead)

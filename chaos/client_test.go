@@ -32,6 +32,7 @@ type hev struct {
 	T1  int64  `json:"t1,omitempty"` // return (or the moment observed)
 	Tok uint64 `json:"tok,omitempty"`
 	PID int    `json:"pid,omitempty"` // start: the client's pid; acq: the backend session's pid (pglock)
+	Sh  bool   `json:"sh,omitempty"`  // acq: a reader's (WithShared), in the shared workload
 	Err string `json:"err,omitempty"`
 
 	OK       bool  `json:"ok,omitempty"`       // rd/wr accepted by the fence
@@ -92,11 +93,13 @@ func historyPath(work string, client int) string {
 type pidHolder interface{ BackendPID() uint32 }
 
 // client is one contender: a loop of acquire (waiting), fenced
-// read-modify-write, release.
+// read-modify-write, release. In the shared workload two sections in three
+// are a reader's instead: acquire shared, one fenced read, release.
 type client struct {
 	id     int
 	name   string
 	locker lock.Locker
+	shared lock.Locker // WithShared, in the shared workload; else nil
 	reg    *register
 	hist   *history
 	rng    *rand.Rand
@@ -140,8 +143,12 @@ func (c *client) run(stop <-chan struct{}) {
 			}
 		}()
 		c.say("wait")
+		l, reader := c.locker, c.shared != nil && c.rng.IntN(3) > 0
+		if reader {
+			l = c.shared
+		}
 		t0 := now()
-		h, err := c.locker.Acquire(ctx, c.name)
+		h, err := l.Acquire(ctx, c.name)
 		t1 := now()
 		c.mu.Lock()
 		c.cancel = nil
@@ -153,7 +160,7 @@ func (c *client) run(stop <-chan struct{}) {
 		// pitfall: a session bound to it stops renewing when it ends).
 		cancel()
 		if err != nil {
-			c.hist.add(hev{K: "acq", CS: cs, T0: t0, T1: t1, Err: err.Error(), Pre: pre,
+			c.hist.add(hev{K: "acq", CS: cs, T0: t0, T1: t1, Err: err.Error(), Pre: pre, Sh: reader,
 				Locked: errors.Is(err, lock.ErrLocked), Canceled: errors.Is(err, context.Canceled), Lost: errors.Is(err, lock.ErrLockLost)})
 			if !errors.Is(err, context.Canceled) {
 				// The server is down or unreachable: retry soon, but
@@ -162,17 +169,17 @@ func (c *client) run(stop <-chan struct{}) {
 			}
 			continue
 		}
-		e := hev{K: "acq", CS: cs, T0: t0, T1: t1, Tok: h.Token()}
+		e := hev{K: "acq", CS: cs, T0: t0, T1: t1, Tok: h.Token(), Sh: reader}
 		if p, ok := h.(pidHolder); ok {
 			e.PID = int(p.BackendPID())
 		}
 		c.hist.add(e)
 		c.say("held %d %d %d", h.Token(), t1, e.PID)
-		c.critical(cs, h)
+		c.critical(cs, h, reader)
 	}
 }
 
-func (c *client) critical(cs int, h lock.Holder) {
+func (c *client) critical(cs int, h lock.Holder, reader bool) {
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -187,9 +194,13 @@ func (c *client) critical(cs int, h lock.Holder) {
 	}()
 	tok := h.Token()
 	t0 := now()
-	ok, v, err := c.reg.access(cs, 'R', tok, 0)
+	kind := byte('R')
+	if reader {
+		kind = 'S'
+	}
+	ok, v, err := c.reg.access(cs, kind, tok, 0)
 	c.hist.add(hev{K: "rd", CS: cs, T0: t0, T1: now(), Tok: tok, OK: ok, V: v, Err: errString(err)})
-	if err == nil && ok {
+	if err == nil && ok && !reader {
 		c.pause()
 		t0 = now()
 		wok, wv, err := c.reg.access(cs, 'W', tok, v+1)
@@ -269,12 +280,12 @@ func childMain() int {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 2
 	}
-	locker, closeFn, err := b.client(os.Getenv)
+	mk, closeFn, err := b.client(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 2
 	}
-	c := &client{id: id, name: os.Getenv(envName), locker: locker, reg: reg, hist: hist,
+	c := &client{id: id, name: os.Getenv(envName), locker: mk(), shared: b.sharedLocker(mk), reg: reg, hist: hist,
 		rng: rand.New(rand.NewPCG(seed, uint64(id))), say: say, work: cswork}
 	stop := make(chan struct{})
 	go func() {

@@ -45,6 +45,9 @@ var shortFor = map[string]time.Duration{
 	"redislock": 11 * time.Second, "etcdlock": 14 * time.Second, "memlock": 3 * time.Second,
 }
 
+// shortShared is the fault phase of a shared workload in the short run.
+const shortShared = 4 * time.Second
+
 func config(b *backendDef) runConfig {
 	cfg := runConfig{clients: 4, seed: *seedFlag, csWork: 4 * time.Millisecond, gap: 400 * time.Millisecond}
 	switch {
@@ -55,6 +58,8 @@ func config(b *backendDef) runConfig {
 		if b.inProcess {
 			cfg.duration = 15 * time.Second
 		}
+	case b.mix:
+		cfg.duration = shortShared // seconds: the exclusive run covers every fault kind
 	default:
 		cfg.duration = shortFor[b.name]
 	}

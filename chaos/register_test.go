@@ -18,6 +18,12 @@ import (
 // A read records its token too, so a stale holder's write that comes after
 // its successor's read is refused, not applied over the successor's value.
 //
+// In the shared workload readers' reads ('S') are fenced by the highest
+// token of a writer's access only: readers of one moment have tokens in
+// no order among themselves, and each is above every writer's before it.
+// A writer's accesses are fenced by the highest token of any access, a
+// reader's included.
+//
 // It is a file, shared by the client processes, whose atomicity comes from
 // the kernel (flock(2) on a lock file of its own), not from the backend
 // under test. Its state is the last record of an append-only log of
@@ -32,13 +38,16 @@ type regOp struct {
 	Seq     int64
 	Client  int
 	CS      int    // the client's critical-section number
-	Kind    byte   // 'R' read, 'W' write
+	Kind    byte   // 'R' read, 'W' write, 'S' a reader's read (shared workload)
 	Token   uint64 // the token the access carried
 	Arg     int64  // value written (W)
 	OK      bool   // accepted by the fence
 	Value   int64  // register value after the access
 	Highest uint64 // highest token after the access
 	T       int64  // monotonic time of the access, under the register's lock
+	// HighestW is the highest token of a writer's access after the access
+	// (equal to Highest without readers).
+	HighestW uint64
 }
 
 func (r regOp) encode() []byte {
@@ -46,7 +55,7 @@ func (r regOp) encode() []byte {
 	if r.OK {
 		ok = 1
 	}
-	s := fmt.Sprintf("%d %d %d %c %d %d %d %d %d %d", r.Seq, r.Client, r.CS, r.Kind, r.Token, r.Arg, ok, r.Value, r.Highest, r.T)
+	s := fmt.Sprintf("%d %d %d %c %d %d %d %d %d %d %d", r.Seq, r.Client, r.CS, r.Kind, r.Token, r.Arg, ok, r.Value, r.Highest, r.T, r.HighestW)
 	b := []byte(s + strings.Repeat(" ", recLen-1-len(s)) + "\n")
 	return b
 }
@@ -54,7 +63,7 @@ func (r regOp) encode() []byte {
 func parseRegOp(b []byte) (regOp, error) {
 	var r regOp
 	var ok int
-	_, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d %d %d %c %d %d %d %d %d %d", &r.Seq, &r.Client, &r.CS, &r.Kind, &r.Token, &r.Arg, &ok, &r.Value, &r.Highest, &r.T)
+	_, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d %d %d %c %d %d %d %d %d %d %d", &r.Seq, &r.Client, &r.CS, &r.Kind, &r.Token, &r.Arg, &ok, &r.Value, &r.Highest, &r.T, &r.HighestW)
 	r.OK = ok == 1
 	return r, err
 }
@@ -116,9 +125,12 @@ func (r *register) access(cs int, kind byte, token uint64, arg int64) (bool, int
 			return false, 0, fmt.Errorf("register log: %w", err)
 		}
 	}
-	op := regOp{Seq: last.Seq + 1, Client: r.client, CS: cs, Kind: kind, Token: token, Arg: arg, Value: last.Value, Highest: last.Highest}
-	if token > 0 && token >= last.Highest {
-		op.OK, op.Highest = true, token
+	op := regOp{Seq: last.Seq + 1, Client: r.client, CS: cs, Kind: kind, Token: token, Arg: arg, Value: last.Value, Highest: last.Highest, HighestW: last.HighestW}
+	if fenceAccepts(kind, token, last.Highest, last.HighestW) {
+		op.OK, op.Highest = true, max(token, last.Highest)
+		if kind != 'S' {
+			op.HighestW = token
+		}
 		if kind == 'W' {
 			op.Value = arg
 		}
@@ -128,6 +140,16 @@ func (r *register) access(cs int, kind byte, token uint64, arg int64) (bool, int
 		return false, 0, err
 	}
 	return op.OK, op.Value, nil
+}
+
+// fenceAccepts is the register's fence: a reader's read ('S') needs a
+// token at least the highest of a writer's access, a writer's access one
+// at least the highest of any.
+func fenceAccepts(kind byte, token, highest, highestW uint64) bool {
+	if kind == 'S' {
+		return token > 0 && token >= highestW
+	}
+	return token > 0 && token >= highest
 }
 
 // readRegisterLog returns every record of the register's log, in order.

@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/internal/testenv"
 )
 
@@ -65,7 +64,7 @@ type run struct {
 	work   string // register, histories, server data
 	env    []string
 	custom map[string]func() fault
-	inproc func() (lock.Locker, func(), error)
+	inproc func() (newLocker, func(), error)
 	rng    *rand.Rand
 
 	mu       sync.Mutex
@@ -230,7 +229,7 @@ func (r *run) spawn() {
 }
 
 func (r *run) spawnInProcess(p *proc) {
-	locker, closeFn, err := r.inproc()
+	mk, closeFn, err := r.inproc()
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -243,7 +242,7 @@ func (r *run) spawnInProcess(p *proc) {
 		r.t.Fatal(err)
 	}
 	hist.add(hev{K: "start", PID: os.Getpid(), T1: now()})
-	p.c = &client{id: p.id, name: r.name, locker: locker, reg: reg, hist: hist,
+	p.c = &client{id: p.id, name: r.name, locker: mk(), shared: r.b.sharedLocker(mk), reg: reg, hist: hist,
 		rng: rand.New(rand.NewPCG(r.cfg.seed, uint64(p.id))), work: r.cfg.csWork,
 		say: func(format string, args ...any) { r.heard(p, fmt.Sprintf(format, args...)) }}
 	p.stop = make(chan struct{})
@@ -471,17 +470,18 @@ func (r *run) finish() {
 // probe is check 4's last step: with every fault over and every client
 // gone, a fresh contender gets the lock within the documented bound.
 func (r *run) probe() (time.Duration, error) {
-	var locker lock.Locker
+	var mk newLocker
 	var closeFn func()
 	var err error
 	if r.b.inProcess {
-		locker, closeFn, err = r.inproc()
+		mk, closeFn, err = r.inproc()
 	} else {
-		locker, closeFn, err = r.b.client(r.getenv)
+		mk, closeFn, err = r.b.client(r.getenv)
 	}
 	if err != nil {
 		return 0, err
 	}
+	locker := mk()
 	defer closeFn()
 	ctx, cancel := context.WithTimeout(context.Background(), r.b.recover+slack)
 	defer cancel()

@@ -142,3 +142,50 @@ func TestBreakFreeAndFence(t *testing.T) {
 		t.Errorf("Extend after the break: %v", err)
 	}
 }
+
+// Break frees every shared holder of a name; Inspect reports each of them
+// before, the fence rejects their tokens after, each learns it lost the
+// lock, and a writer takes the name with a larger token.
+func TestBreakShared(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := []filelock.Option{filelock.WithDir(dir), filelock.WithLogger(nil), filelock.WithStaleAfter(time.Minute)}
+	name := "schema"
+	var rs []*filelock.Holder
+	for range 3 {
+		rs = append(rs, mustAcquire(t, newFactory(t, opts...), name, filelock.WithShared()))
+	}
+	f := newFactory(t, opts...)
+	info, err := f.Inspect(ctx, name)
+	if err != nil || len(info.Holders) != 3 {
+		t.Fatalf("Inspect of three readers: %+v, %v", info, err)
+	}
+	mustLocked(t, f, name)
+	if err := f.Break(ctx, name); err != nil {
+		t.Fatalf("Break: %v", err)
+	}
+	fence := filelock.NewFence(opts...)
+	w := mustAcquire(t, f, name)
+	defer w.Release()
+	for i, r := range rs {
+		if err := fence.RejectIfStale(ctx, name, r.Token()); !errors.Is(err, lock.ErrStaleToken) {
+			t.Errorf("fence after the break, reader %d's token: %v, want ErrStaleToken", i, err)
+		}
+		if w.Token() <= r.Token() {
+			t.Errorf("writer's token %d, not above reader %d's %d", w.Token(), i, r.Token())
+		}
+		select {
+		case <-r.Done():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("broken reader %d's Done did not close", i)
+		}
+		if err := r.Release(); !errors.Is(err, filelock.ErrLockLost) {
+			t.Errorf("broken reader %d's Release: %v, want ErrLockLost", i, err)
+		}
+	}
+	info, err = f.Inspect(ctx, name)
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Token != w.Token() {
+		t.Errorf("after the readers' Release: %+v, %v; want the writer holding it", info, err)
+	}
+}

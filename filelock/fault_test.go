@@ -48,10 +48,19 @@ func TestChild(t *testing.T) {
 	say := func(format string, args ...any) { fmt.Printf("@@ "+format+"\n", args...) }
 	ctx := context.Background()
 
+	var opts []filelock.Option
+	if os.Getenv("FILELOCK_SHARED") != "" {
+		opts = append(opts, filelock.WithShared())
+	}
+	if os.Getenv("FILELOCK_WAIT") != "" {
+		opts = append(opts, filelock.WithWait())
+	}
+
 	switch role {
 	case "hold":
-		// Hold name, refreshed in the background, until stdin closes.
-		h, err := f.AsLocker().Acquire(ctx, name)
+		// Hold name, refreshed in the background, until stdin closes
+		// (FILELOCK_SHARED: shared; FILELOCK_WAIT: waiting for it).
+		h, err := f.AsLocker(opts...).Acquire(ctx, name)
 		if err != nil {
 			say("ERR %v", err)
 			return
@@ -349,6 +358,58 @@ func TestKilledHolderReclaimedAtOnce(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after the holder died: %v", err)
 	}
+}
+
+// TestKilledSharedHolderReclaimedAtOnce: shared holders killed with
+// SIGKILL leave their reader markers behind, and a writer on the host
+// takes the name at once when the last is dead, whatever their stale
+// window (1h); one that survives keeps the writer out. A writer killed
+// while it waits leaves its intent behind, and new readers are let in at
+// once.
+func TestKilledSharedHolderReclaimedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	env := append(dirEnv(dir, "schema"), "FILELOCK_TTL=1h")
+	shared := append(slices.Clone(env), "FILELOCK_SHARED=1")
+
+	a, b := startChild(t, "hold", shared...), startChild(t, "hold", shared...)
+	ta, tb := tokenOf(t, a.expect(t, "ACQUIRED")), tokenOf(t, b.expect(t, "ACQUIRED"))
+	mustLocked(t, f, "schema")
+	mustAcquire(t, f, "schema", filelock.WithShared()).Release()
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	a.waitState(t, unix.WEXITED)
+	mustLocked(t, f, "schema") // b still reads
+	b.cmd.Process.Signal(syscall.SIGKILL)
+	b.waitState(t, unix.WEXITED)
+	if ms, _ := filepath.Glob(filepath.Join(dir, "schema.[01].lock")); len(ms) == 0 {
+		t.Fatal("the last killed reader's marker should still be there")
+	}
+	h := mustAcquire(t, f, "schema")
+	if h.Token() <= max(ta, tb) {
+		t.Fatalf("writer's token %d after the dead readers' %d and %d", h.Token(), ta, tb)
+	}
+	h.Release()
+
+	// A writer that dies while it waits: its intent goes with it.
+	r := mustAcquire(t, f, "schema", filelock.WithShared())
+	w := startChild(t, "hold", append(env, "FILELOCK_WAIT=1")...)
+	want := filepath.Join(dir, "schema.want")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(want); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting writer wrote no intent in 30s")
+		}
+	}
+	mustLocked(t, f, "schema", filelock.WithShared()) // writer preference
+	w.cmd.Process.Signal(syscall.SIGKILL)
+	w.waitState(t, unix.WEXITED)
+	mustAcquire(t, f, "schema", filelock.WithShared()).Release()
+	if _, err := os.Stat(want); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the dead writer's intent was not reclaimed: %v", err)
+	}
+	r.Release()
 }
 
 // TestStoppedHolderKeepsLock: a holder stopped with SIGSTOP is alive, so its
@@ -799,4 +860,37 @@ func TestProbeAcrossTimeNamespace(t *testing.T) {
 	if err := c.cmd.Wait(); err != nil {
 		t.Fatalf("child: %v", err)
 	}
+}
+
+// TestDeletedCounterKeepsReaders: with the counter file gone (it also says
+// how many reader slots may be in use), a writer still finds a reader in
+// a slot above the lowest, a semaphore caller still hears of the limit
+// mismatch, and a new reader takes a free slot beside it.
+func TestDeletedCounterKeepsReaders(t *testing.T) {
+	dir := t.TempDir()
+	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+	shared := filelock.WithShared()
+	r0, r1 := mustAcquire(t, f, "schema", shared), mustAcquire(t, f, "schema", shared)
+	defer r1.Release()
+	if !strings.HasSuffix(r1.Path(), "schema.1.lock") {
+		t.Fatalf("second reader at %s; want slot 1", r1.Path())
+	}
+	r0.Release() // only slot 1 is held now
+	counter := filepath.Join(dir, "schema.token")
+	os.Remove(counter)
+	mustLocked(t, f, "schema")
+	os.Remove(counter)
+	if h, err := f.Acquire(context.Background(), "schema", filelock.WithMaxConcurrent(2)); !errors.Is(err, lock.ErrLimitMismatch) {
+		if err == nil {
+			h.Release()
+		}
+		t.Fatalf("semaphore beside a reader, counter deleted: Acquire = %v; want ErrLimitMismatch", err)
+	}
+	os.Remove(counter)
+	r := mustAcquire(t, f, "schema", shared)
+	if r.Token() <= r1.Token() {
+		t.Errorf("reader's token %d after %d", r.Token(), r1.Token())
+	}
+	r.Release()
+	mustLocked(t, f, "schema") // the counter written since says slot 1 may be in use
 }

@@ -125,7 +125,7 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, write func(
 		return fmt.Errorf("filelock: %w: %q: token %d is below %d", lock.ErrStaleToken, key, token, highest)
 	}
 	if token > highest {
-		if err := writeCounter(g.fd, token, 0); err != nil {
+		if err := writeCounter(g.fd, token, 0, 0); err != nil {
 			return fmt.Errorf("filelock: fence: %w", err)
 		}
 		if fresh {

@@ -15,6 +15,15 @@
 // over, and a release or refresh removes or rewrites a marker only while it
 // still carries the holder's nonce.
 //
+// Shared mode (WithShared): each shared holder has a marker of its own in
+// a reader slot <name>.<i>.lock, and the counter records how many slots
+// may be in use; an exclusive holder takes <name>.lock only while every
+// reader slot is free, and a reader a slot only while <name>.lock is free
+// and no waiting writer's intent marker <name>.want is live. The intent is
+// what gives writers preference: written by an exclusive Acquire that
+// waits, rewritten while it waits, removed when it takes the name or gives
+// up, and reclaimed like any marker when its writer is gone.
+//
 // A marker is stale, and the next Acquire takes it over, when
 //   - its holder ran on this machine (same host name, boot id and PID
 //     namespace) and is provably dead: kill(pid, 0) fails with ESRCH, the
@@ -107,7 +116,7 @@ func validate(o *lock.Options) error {
 	if o.TTL != 0 && o.TTL < MinStaleAfter {
 		return fmt.Errorf("%w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
 	}
-	return backend.NoShared(backendName, o)
+	return nil
 }
 
 func ttlOf(o *lock.Options) time.Duration {
@@ -178,14 +187,24 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		return nil, 0, err
 	}
 	esc := backend.Escape(name)
-	return f.wait(ctx, o, dir, esc, func() (*Holder, time.Time, error) {
-		return f.try(ctx, dir, name, esc, o, renew)
+	var w *want
+	if o.Wait && !o.Shared && o.Limit() == 1 {
+		w = &want{} // a writer that waits keeps new readers out
+	}
+	h, waited, err := f.wait(ctx, o, dir, esc, func() (*Holder, time.Time, error) {
+		return f.try(ctx, dir, name, esc, o, renew, w)
 	})
+	if err != nil && w != nil {
+		w.drop(ctx, dir, esc)
+	}
+	return h, waited, err
 }
 
 // try makes one attempt under the name's guard. On contention it returns
-// ErrLocked and, when known, the time the earliest live marker expires.
-func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Options, renew bool) (*Holder, time.Time, error) {
+// ErrLocked and, when known, the time the earliest live marker expires (or
+// w's intent is due to be rewritten). w is the intent of an exclusive
+// Acquire that waits, nil for others.
+func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Options, renew bool, w *want) (*Holder, time.Time, error) {
 	g, err := lockGuard(ctx, dir, esc)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -201,8 +220,9 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 
 	// A stored limit that differs matters only while a permit under it is
 	// held; if none is, the new limit replaces it.
+	readers := c.readers
 	if c.limit != 0 && c.limit != limit {
-		for _, p := range markerPaths(dir, esc, c.limit) {
+		for _, p := range heldPaths(dir, esc, c) {
 			_, live, _, err := j.examine(p)
 			if err != nil {
 				return nil, time.Time{}, err
@@ -211,10 +231,12 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 				return nil, time.Time{}, mismatch(c.limit)
 			}
 		}
+		readers = 0
 	}
 	if c.limit == 0 {
 		// No usable counter: every marker of the name, in whatever layout
-		// and slot, says the limit it was taken under.
+		// and slot, says the limit it was taken under; slot markers taken
+		// with limit 1 are shared holders'.
 		paths, err := markerFiles(dir, esc)
 		if err != nil {
 			return nil, time.Time{}, err
@@ -227,34 +249,97 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 			if live && m != nil && m.Limit != limit {
 				return nil, time.Time{}, mismatch(m.Limit)
 			}
+			readers = max(readers, slotOf(p)+1)
 		}
 	}
 
 	free, slot := "", -1
 	var retryAt time.Time
-	for i, p := range markerPaths(dir, esc, limit) {
-		m, live, expires, err := j.examine(p)
-		if err != nil {
-			return nil, time.Time{}, err
-		}
-		if !live {
-			if free == "" {
-				free, slot = p, i
-				if c.valid && c.limit == limit {
-					break // the counter is sound: no need to see every token
-				}
-			}
-			continue
-		}
-		if m != nil && m.Limit != 0 && m.Limit != limit {
-			return nil, time.Time{}, mismatch(m.Limit)
-		}
+	held := func(expires time.Time) (*Holder, time.Time, error) {
 		if retryAt.IsZero() || expires.Before(retryAt) {
 			retryAt = expires
 		}
-	}
-	if free == "" {
+		if w != nil {
+			if err := w.hold(j, dir, esc, o); err != nil {
+				return nil, time.Time{}, err
+			}
+			if retryAt.IsZero() || !w.due.IsZero() && w.due.Before(retryAt) {
+				retryAt = w.due
+			}
+		}
 		return nil, retryAt, ErrLocked
+	}
+	if limit > 1 {
+		for i, p := range markerPaths(dir, esc, limit) {
+			m, live, expires, err := j.examine(p)
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			if !live {
+				if free == "" {
+					free, slot = p, i
+					if c.valid && c.limit == limit {
+						break // the counter is sound: no need to see every token
+					}
+				}
+				continue
+			}
+			if m != nil && m.Limit != 0 && m.Limit != limit {
+				return nil, time.Time{}, mismatch(m.Limit)
+			}
+			if retryAt.IsZero() || expires.Before(retryAt) {
+				retryAt = expires
+			}
+		}
+		if free == "" {
+			return nil, retryAt, ErrLocked
+		}
+		readers = 0
+	} else {
+		// A mutex, or a name taken shared: an exclusive holder's marker
+		// <esc>.lock, shared holders' in reader slots <esc>.<i>.lock.
+		_, live, expires, err := j.examine(mutexPath(dir, esc))
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		if live {
+			return held(expires)
+		}
+		if o.Shared {
+			// Writer preference: the intent of a writer that waits keeps
+			// new readers out. A reader takes the lowest free slot.
+			_, live, expires, err := j.examine(wantPath(dir, esc))
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			if live {
+				return held(expires)
+			}
+			for i := 0; free == ""; i++ {
+				p := slotPath(dir, esc, i)
+				m, live, _, err := j.examine(p)
+				if err != nil {
+					return nil, time.Time{}, err
+				}
+				if !live {
+					free, slot = p, i
+				} else if m != nil && m.Limit > 1 {
+					return nil, time.Time{}, mismatch(m.Limit)
+				}
+			}
+			readers = max(readers, slot+1)
+		} else {
+			for _, p := range slotPaths(dir, esc, readers) {
+				_, live, expires, err := j.examine(p)
+				if err != nil {
+					return nil, time.Time{}, err
+				}
+				if live {
+					return held(expires)
+				}
+			}
+			free, readers = mutexPath(dir, esc), 0
+		}
 	}
 
 	token := nextToken(c, j.seen)
@@ -268,13 +353,17 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start, StartTicks: id.ticks,
 		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS, TimeNS: id.timeNS,
 		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
-		Limit: limit, Slot: max(slot, 0), Owner: o.Owner, Meta: maps.Clone(o.Metadata),
+		Limit: limit, Slot: max(slot, 0), Shared: o.Shared, Owner: o.Owner, Meta: maps.Clone(o.Metadata),
 	}
 	data := h.m.encode()
 	if len(data) > maxMarker {
 		return nil, time.Time{}, fmt.Errorf("filelock: %w: owner and metadata make a marker of %d bytes, over %d", lock.ErrInvalidOption, len(data), maxMarker)
 	}
-	if err := putCounter(g.fd, token, limit); err != nil {
+	put := putCounter
+	if o.Shared && slot+1 > c.readers {
+		put = writeCounter // see counter.readers
+	}
+	if err := put(g.fd, token, limit, readers); err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
 	}
 	tmp := tempPath(dir, esc, newNonce()[:16])
@@ -289,6 +378,9 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	}
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("filelock: publish marker: %w", err)
+	}
+	if w != nil {
+		w.dropLocked(dir, esc) // readers that come now wait for h
 	}
 	h.mu.Lock()
 	err = f.register(h)
@@ -472,7 +564,7 @@ func namePaths(dir, esc string) ([]string, error) {
 		c := readCounter(fd)
 		unix.Close(fd)
 		if c.limit > 0 {
-			return markerPaths(dir, esc, c.limit), nil
+			return heldPaths(dir, esc, c), nil
 		}
 	}
 	return markerFiles(dir, esc) // no counter to say the limit
@@ -497,7 +589,8 @@ func markerFiles(dir, esc string) ([]string, error) {
 const tempAge = time.Minute
 
 // Sweep removes the markers in the factory's directory that are provably
-// stale — their holder died on this host, or their lease ran out — and the
+// stale — their holder died on this host, or their lease ran out —, the
+// intents of waiting writers that are stale the same way, and the
 // temporary files (older than a minute) of writers that crashed. It takes
 // each name's guard, so it never races an Acquire, a refresh or a Release. It returns how many markers
 // it removed. Acquire reclaims stale markers of the names it takes by
@@ -521,7 +614,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 	byName := map[string]*files{}
 	for _, e := range entries {
 		esc, kind := classify(e.Name())
-		if kind != kindMarker && kind != kindTemp {
+		if kind != kindMarker && kind != kindWant && kind != kindTemp {
 			continue
 		}
 		fs := byName[esc]
@@ -530,7 +623,7 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 			byName[esc] = fs
 		}
 		p := filepath.Join(dir, e.Name())
-		if kind == kindMarker {
+		if kind != kindTemp { // a holder's marker or a waiting writer's intent
 			fs.markers = append(fs.markers, p)
 		} else {
 			fs.temps = append(fs.temps, p)

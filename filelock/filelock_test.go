@@ -44,6 +44,7 @@ func TestConformance(t *testing.T) {
 		Wait:        true,
 		Semaphore:   true,
 		Extend:      true,
+		Shared:      true,
 		TTL:         300 * time.Millisecond,
 		Inspector:   func(t testing.TB) lock.Inspector { return newFactory(t, filelock.WithDir(dir)) },
 		Lister:      func(t testing.TB) lock.Lister { return newFactory(t, filelock.WithDir(dir)) },

@@ -30,17 +30,48 @@ func mutexPath(dir, esc string) string { return dir + "/" + esc + ".lock" }
 func slotPath(dir, esc string, i int) string {
 	return dir + "/" + esc + "." + strconv.Itoa(i) + ".lock"
 }
-func counterPath(dir, esc string) string     { return dir + "/" + esc + ".token" }
+func counterPath(dir, esc string) string { return dir + "/" + esc + ".token" }
+
+// wantPath is the intent marker of a writer that waits for a name held
+// shared or exclusively (WithWait): while it is live, new shared
+// acquirers stay out.
+func wantPath(dir, esc string) string        { return dir + "/" + esc + ".want" }
 func tempPath(dir, esc, nonce string) string { return dir + "/" + esc + "." + nonce + ".tmp" }
 func markerPaths(dir, esc string, limit int) []string {
 	if limit <= 1 {
 		return []string{mutexPath(dir, esc)}
 	}
-	ps := make([]string, limit)
+	return slotPaths(dir, esc, limit)
+}
+
+// slotPaths are the slot markers 0 … n-1 of esc: a semaphore's permits,
+// or the markers of a name's shared holders (one per reader).
+func slotPaths(dir, esc string, n int) []string {
+	ps := make([]string, n)
 	for i := range ps {
 		ps[i] = slotPath(dir, esc, i)
 	}
 	return ps
+}
+
+// heldPaths are the markers that may hold esc by its counter c: its
+// limit's, and for a limit of 1 also the reader slots it records.
+func heldPaths(dir, esc string, c counter) []string {
+	ps := markerPaths(dir, esc, c.limit)
+	if c.limit == 1 {
+		ps = append(ps, slotPaths(dir, esc, c.readers)...)
+	}
+	return ps
+}
+
+// slotOf returns the slot number of a slot marker's path, or -1.
+func slotOf(path string) int {
+	_, rest, _ := strings.Cut(path[strings.LastIndexByte(path, '/')+1:], ".")
+	i, err := strconv.Atoi(strings.TrimSuffix(rest, ".lock"))
+	if err != nil || !strings.HasSuffix(rest, ".lock") {
+		return -1
+	}
+	return i
 }
 
 // fileKind classifies a directory entry; esc is the escaped name it belongs
@@ -52,6 +83,7 @@ const (
 	kindMarker
 	kindCounter
 	kindTemp
+	kindWant
 )
 
 func classify(file string) (esc string, kind fileKind) {
@@ -64,6 +96,8 @@ func classify(file string) (esc string, kind fileKind) {
 		return esc, kindMarker
 	case rest == "token":
 		return esc, kindCounter
+	case rest == "want":
+		return esc, kindWant
 	case strings.HasSuffix(rest, ".tmp"):
 		return esc, kindTemp
 	case strings.HasSuffix(rest, ".lock"):
@@ -101,6 +135,7 @@ type marker struct {
 	StaleAfter time.Duration
 	Limit      int
 	Slot       int
+	Shared     bool // a shared holder's (WithShared), in a reader slot
 	Owner      string
 	Meta       map[string]string
 }
@@ -142,6 +177,9 @@ func (m *marker) encode() []byte {
 	kv("stale_after", m.StaleAfter.String())
 	kv("limit", strconv.Itoa(m.Limit))
 	kv("slot", strconv.Itoa(m.Slot))
+	if m.Shared {
+		kv("shared", "true")
+	}
 	if m.Owner != "" {
 		kv("owner", m.Owner)
 	}
@@ -274,6 +312,8 @@ func (m *marker) set(key, v string) error {
 		m.Limit, err = strconv.Atoi(v)
 	case "slot":
 		m.Slot, err = strconv.Atoi(v)
+	case "shared":
+		m.Shared, err = strconv.ParseBool(v)
 	case "owner":
 		m.Owner = v
 	}
@@ -347,13 +387,19 @@ func writeTemp(path string, data []byte) error {
 }
 
 // counter is the content of <name>.token: the last fencing token handed out
-// for the name and the semaphore limit its holders use. The file is also
+// for the name, the semaphore limit its holders use, and for a name taken
+// shared how many reader slots may be in use. The file is also
 // the name's guard: it is flocked for the few syscalls of every change to
 // the name's markers.
 type counter struct {
 	token uint64
 	valid bool // false: missing or corrupt, the clock floor alone applies
 	limit int  // 0: unknown
+	// readers: the reader slots 0 … readers-1 may hold markers. A reader
+	// that raises it syncs the counter before its marker appears, so no
+	// crash can leave a live reader beyond it; a writer that found every
+	// slot free lowers it to 0.
+	readers int
 }
 
 func readCounter(fd int) counter {
@@ -378,6 +424,8 @@ func readCounter(fd int) counter {
 			c.token, c.valid = t, true
 		case "limit":
 			c.limit, _ = strconv.Atoi(v)
+		case "readers":
+			c.readers, _ = strconv.Atoi(v)
 		}
 	}
 	return c
@@ -386,8 +434,11 @@ func readCounter(fd int) counter {
 // putCounter replaces the counter in place, without flushing it to disk:
 // an acquire's token does not depend on the counter surviving a host crash
 // (see nextToken). A write torn by a crash fails the checksum.
-func putCounter(fd int, token uint64, limit int) error {
+func putCounter(fd int, token uint64, limit, readers int) error {
 	body := fmt.Sprintf("token=%d\nlimit=%d\n", token, limit)
+	if readers > 0 {
+		body += fmt.Sprintf("readers=%d\n", readers)
+	}
 	data := fmt.Sprintf("%scrc=%08x\n", body, crc32.ChecksumIEEE([]byte(body)))
 	if _, err := unix.Pwrite(fd, []byte(data), 0); err != nil {
 		return err
@@ -395,10 +446,12 @@ func putCounter(fd int, token uint64, limit int) error {
 	return unix.Ftruncate(fd, int64(len(data)))
 }
 
-// writeCounter is putCounter and a sync, for a Fence record: a fence that
-// forgot its highest token after a crash would let a stale writer in.
-func writeCounter(fd int, token uint64, limit int) error {
-	if err := putCounter(fd, token, limit); err != nil {
+// writeCounter is putCounter and a sync, for a Fence record (a fence that
+// forgot its highest token after a crash would let a stale writer in) and
+// for a reader that raised the reader count (a counter that forgot it
+// would hide the reader from writers).
+func writeCounter(fd int, token uint64, limit, readers int) error {
+	if err := putCounter(fd, token, limit, readers); err != nil {
 		return err
 	}
 	return datasync(fd)

@@ -72,6 +72,14 @@ func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 // lost with ErrMaxHold and its marker removed; see lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
+// WithShared takes the name in shared mode, beside other shared holders;
+// see lock.WithShared. Each shared holder has a marker of its own in a
+// reader slot <name>.<i>.lock, refreshed and reclaimed like a mutex
+// marker. A writer that waits (WithWait) keeps an intent marker
+// <name>.want while it waits, and new shared acquirers stay out while it
+// is live.
+func WithShared() Option { return lock.WithShared() }
+
 // WithOwner records who holds the lock (a job or trace id) in the marker,
 // where `cat` and Inspect show it.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
