@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"golang.org/x/sys/unix"
 
+	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/etcdlock"
 	"github.com/ubgo/lock/filelock"
 	"github.com/ubgo/lock/flock"
@@ -101,13 +102,8 @@ func casesMemory(e *env) []*opCase {
 			mu.Unlock()
 			return nil
 		}},
-		{id: idMemlock, label: "memlock Acquire+Release", kind: oursKind, floor: idMutex, op: func(ctx context.Context) error {
-			h, err := f.Acquire(ctx, "bench")
-			if err != nil {
-				return err
-			}
-			return h.Release()
-		}},
+		{id: idMemlock, label: "memlock Acquire+Release", kind: oursKind, floor: idMutex, op: cycle(f.Acquire)},
+		{id: idMemlock + " shared", label: "memlock Acquire(WithShared)+Release", kind: oursKind, floor: idMutex, op: cycle(f.Acquire, lock.WithShared())},
 	}
 }
 
@@ -148,20 +144,10 @@ func casesFile(e *env) []*opCase {
 			_, err = unix.Pwrite(fd, ctrRecord, 0)
 			return err
 		}},
-		{id: idFlock, label: "flock Acquire+Release", kind: oursKind, floor: idFlockFloor, op: func(ctx context.Context) error {
-			h, err := ff.Acquire(ctx, "bench")
-			if err != nil {
-				return err
-			}
-			return h.Release()
-		}},
-		{id: idFilelock, label: "filelock Acquire+Release", kind: oursKind, floor: idFlockFloor, op: func(ctx context.Context) error {
-			h, err := fl.Acquire(ctx, "bench")
-			if err != nil {
-				return err
-			}
-			return h.Release()
-		}},
+		{id: idFlock, label: "flock Acquire+Release", kind: oursKind, floor: idFlockFloor, op: cycle(ff.Acquire)},
+		{id: idFlock + " shared", label: "flock Acquire(WithShared)+Release", kind: oursKind, floor: idFlockFloor, op: cycle(ff.Acquire, lock.WithShared())},
+		{id: idFilelock, label: "filelock Acquire+Release", kind: oursKind, floor: idFlockFloor, op: cycle(fl.Acquire)},
+		{id: idFilelock + " shared", label: "filelock Acquire(WithShared)+Release", kind: oursKind, floor: idFlockFloor, op: cycle(fl.Acquire, lock.WithShared())},
 		{id: idGofrs, label: "gofrs/flock TryLock+Unlock", kind: peerKind, floor: idFlockFloor, op: func(context.Context) error {
 			ok, err := g.TryLock()
 			if err == nil && !ok {
@@ -208,13 +194,8 @@ func casesRedis(ctx context.Context, e *env) []*opCase {
 			}
 			return redisFloorRelease.Run(ctx, rdb, []string{floorKey}, "v").Err()
 		}},
-		{id: idRedislock, service: Redis, label: "redislock Acquire+Release", kind: oursKind, floor: idRedisFloor, rtt: idPing, op: func(ctx context.Context) error {
-			h, err := ours.Acquire(ctx, "bench")
-			if err != nil {
-				return err
-			}
-			return h.Release()
-		}},
+		{id: idRedislock, service: Redis, label: "redislock Acquire+Release", kind: oursKind, floor: idRedisFloor, rtt: idPing, op: cycle(ours.Acquire)},
+		{id: idRedislock + " shared", service: Redis, label: "redislock Acquire(WithShared)+Release", kind: oursKind, floor: idRedisFloor, rtt: idPing, op: cycle(ours.Acquire, lock.WithShared())},
 		{id: idBsm, service: Redis, label: "bsm/redislock Obtain+Release", kind: peerKind, floor: idRedisFloor, rtt: idPing, op: func(ctx context.Context) error {
 			l, err := b.Obtain(ctx, bsmKey, 30*time.Second, nil)
 			if err != nil {
@@ -267,13 +248,8 @@ func casesPostgres(ctx context.Context, e *env) []*opCase {
 			}
 			return nil
 		}},
-		{id: idPglock, service: Postgres, label: "pglock Acquire+Release", kind: oursKind, floor: idPgFloor, rtt: idSelect1, op: func(ctx context.Context) error {
-			h, err := ours.Acquire(ctx, "bench")
-			if err != nil {
-				return err
-			}
-			return h.Release()
-		}},
+		{id: idPglock, service: Postgres, label: "pglock Acquire+Release", kind: oursKind, floor: idPgFloor, rtt: idSelect1, op: cycle(ours.Acquire)},
+		{id: idPglock + " shared", service: Postgres, label: "pglock Acquire(WithShared)+Release", kind: oursKind, floor: idPgFloor, rtt: idSelect1, op: cycle(ours.Acquire, lock.WithShared())},
 	}
 }
 
@@ -322,18 +298,24 @@ func casesEtcd(ctx context.Context, e *env) []*opCase {
 			_, err = cli.Delete(ctx, floorKey)
 			return err
 		}},
-		{id: idEtcdlock, service: Etcd, label: "etcdlock Acquire+Release", kind: oursKind, floor: idEtcdFloor, rtt: idEtcdPut, op: func(ctx context.Context) error {
-			h, err := ours.Acquire(ctx, "bench")
-			if err != nil {
-				return err
-			}
-			return h.Release()
-		}},
+		{id: idEtcdlock, service: Etcd, label: "etcdlock Acquire+Release", kind: oursKind, floor: idEtcdFloor, rtt: idEtcdPut, op: cycle(ours.Acquire)},
+		{id: idEtcdlock + " shared", service: Etcd, label: "etcdlock Acquire(WithShared)+Release", kind: oursKind, floor: idEtcdFloor, rtt: idEtcdPut, op: cycle(ours.Acquire, lock.WithShared())},
 		{id: idEtcdMutex, service: Etcd, label: "concurrency.Mutex Lock+Unlock (session made beforehand)", kind: peerKind, floor: idEtcdFloor, rtt: idEtcdPut, op: func(ctx context.Context) error {
 			if err := m.Lock(ctx); err != nil {
 				return err
 			}
 			return m.Unlock(ctx)
 		}},
+	}
+}
+
+// cycle is one Acquire+Release of the name "bench" with opts.
+func cycle[H interface{ Release() error }](acquire func(context.Context, string, ...lock.Option) (H, error), opts ...lock.Option) func(context.Context) error {
+	return func(ctx context.Context) error {
+		h, err := acquire(ctx, "bench", opts...)
+		if err != nil {
+			return err
+		}
+		return h.Release()
 	}
 }
