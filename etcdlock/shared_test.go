@@ -1,7 +1,6 @@
 package etcdlock_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -53,28 +52,5 @@ func TestInspectShared(t *testing.T) {
 	r2.Release()
 	if err := <-got; err != nil {
 		t.Fatalf("writer: %v", err)
-	}
-}
-
-// BenchmarkShared is an uncontended acquire+release, exclusive and shared:
-// one transaction each way in both modes.
-func BenchmarkShared(b *testing.B) {
-	cli := client(b)
-	prefix := testPrefix(b)
-	for _, c := range []struct {
-		what string
-		opts []etcdlock.Option
-	}{{"exclusive", nil}, {"shared", []etcdlock.Option{etcdlock.WithShared()}}} {
-		b.Run(c.what, func(b *testing.B) {
-			f := factory(b, cli, etcdlock.WithKeyPrefix(prefix))
-			ctx := context.Background()
-			for b.Loop() {
-				h, err := f.Acquire(ctx, "bench-shared", c.opts...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.Release()
-			}
-		})
 	}
 }

@@ -141,27 +141,3 @@ func BenchmarkVsFloor(b *testing.B) {
 	b.ReportMetric(float64(ours)/float64(plain), "x-create+remove")
 	b.ReportMetric(float64(ours)/float64(durable), "x-durable")
 }
-
-// BenchmarkShared is BenchmarkAcquireRelease exclusive and shared: a reader
-// also looks for a writer's intent and takes reader slot 0; the first one
-// syncs the counter, which records the slot.
-func BenchmarkShared(b *testing.B) {
-	for _, c := range []struct {
-		what string
-		opts []filelock.Option
-	}{{"exclusive", nil}, {"shared", []filelock.Option{filelock.WithShared()}}} {
-		b.Run(c.what, func(b *testing.B) {
-			f := filelock.NewFactory(filelock.WithDir(b.TempDir()), filelock.WithLogger(nil))
-			defer f.Close()
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				h, err := f.Acquire(ctx, "bench", c.opts...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.Release()
-			}
-		})
-	}
-}

@@ -157,26 +157,3 @@ func BenchmarkContended(b *testing.B) {
 		}
 	})
 }
-
-// BenchmarkShared is an uncontended acquire+release, exclusive and shared
-// (a shared one also opens, locks and closes the want file).
-func BenchmarkShared(b *testing.B) {
-	for _, c := range []struct {
-		what string
-		opts []flock.Option
-	}{{"exclusive", nil}, {"shared", []flock.Option{flock.WithShared()}}} {
-		b.Run(c.what, func(b *testing.B) {
-			f := flock.NewFactory(flock.WithDir(b.TempDir()), flock.WithLogger(nil))
-			defer f.Close()
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				h, err := f.Acquire(ctx, "bench", c.opts...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.Release()
-			}
-		})
-	}
-}

@@ -172,24 +172,3 @@ func BenchmarkHandoff(b *testing.B) {
 	h.Release()
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/handoff")
 }
-
-// BenchmarkShared is an uncontended acquire+release, exclusive and shared.
-func BenchmarkShared(b *testing.B) {
-	for _, c := range []struct {
-		what string
-		opts []memlock.Option
-	}{{"exclusive", nil}, {"shared", []memlock.Option{memlock.WithShared()}}} {
-		b.Run(c.what, func(b *testing.B) {
-			f := memlock.NewFactory(memlock.WithLogger(nil))
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				h, err := f.Acquire(ctx, "bench", c.opts...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.Release()
-			}
-		})
-	}
-}

@@ -1,7 +1,6 @@
 package pglock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -83,28 +82,5 @@ func TestInspectShared(t *testing.T) {
 	rb.Release()
 	if info, err := a.Inspect(ctxT(t), name); err != nil || len(info.Holders) != 0 {
 		t.Fatalf("Inspect after release = %+v, %v", info, err)
-	}
-}
-
-// BenchmarkShared is an uncontended acquire+release, exclusive and shared:
-// one statement each way in both modes.
-func BenchmarkShared(b *testing.B) {
-	pool := newPool(b)
-	for _, c := range []struct {
-		what string
-		opts []pglock.Option
-	}{{"exclusive", nil}, {"shared", []pglock.Option{pglock.WithShared()}}} {
-		b.Run(c.what, func(b *testing.B) {
-			f := pglock.NewFactory(pool, pglock.WithLogger(nil))
-			defer f.Close()
-			ctx := context.Background()
-			for b.Loop() {
-				h, err := f.Acquire(ctx, "bench-shared", c.opts...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.Release()
-			}
-		})
 	}
 }

@@ -161,29 +161,6 @@ func TestBreakShared(t *testing.T) {
 	}
 }
 
-// BenchmarkShared is an uncontended acquire+release, exclusive and shared:
-// one script each way in both modes.
-func BenchmarkShared(b *testing.B) {
-	rdb := newClient(b)
-	for _, c := range []struct {
-		what string
-		opts []Option
-	}{{"exclusive", nil}, {"shared", []Option{WithShared()}}} {
-		b.Run(c.what, func(b *testing.B) {
-			f := testFactory(b, rdb)
-			ctx := context.Background()
-			name := uniq(b, "x")
-			for b.Loop() {
-				h, err := f.Acquire(ctx, name, c.opts...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.Release()
-			}
-		})
-	}
-}
-
 // A name is shared or a semaphore: a reader on a semaphore's name, and a
 // semaphore on a name held shared, are ErrLimitMismatch.
 func TestSharedModeMismatch(t *testing.T) {
