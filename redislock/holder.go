@@ -179,16 +179,7 @@ func (h *Holder) extend(ctx context.Context) error {
 		return fmt.Errorf("%w: released", ErrLockLost)
 	}
 	sent := time.Now()
-	var v int64
-	var err error
-	if ack := h.f.replicaAck(); ack > 0 {
-		v, err = pipeScriptsAcked(ctx, h.f.primary(ctx, h.k.lock), 1, func(int) (*redis.Script, []string, []any) {
-			return extendCall(h.k, h.id, h.ls)
-		}, ack)[0].Int64()
-	} else {
-		sc, keys, args := extendCall(h.k, h.id, h.ls)
-		v, err = sc.Run(ctx, h.f.c, keys, args...).Int64()
-	}
+	v, err := h.extendOnce(ctx)
 	if err != nil {
 		return fmt.Errorf("redislock: extend %q: %w", h.name, err)
 	}

@@ -368,8 +368,8 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 			h.Release()
 			return nil, 0, lock.ErrClosed
 		}
-		if ack := f.replicaAck(); ack > 0 {
-			if err := f.confirm(ctx, h, ack); err != nil {
+		if f.replicaAck() > 0 {
+			if err := f.confirm(ctx, h); err != nil {
 				h.Release()
 				return nil, 0, err
 			}

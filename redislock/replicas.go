@@ -85,15 +85,13 @@ func (f *Factory) primary(ctx context.Context, key string) Client {
 
 // confirm waits until the lock h was just given reached the factory's
 // WithReplicaAck replicas: an extend and a WAIT in one pipeline on the
-// name's primary. Replication keeps the primary's order, so the
-// acknowledgement of the extend covers the acquire or hand-off before it.
-func (f *Factory) confirm(ctx context.Context, h *Holder, ack int) error {
+// name's primary (extendOnce). Replication keeps the primary's order, so
+// the acknowledgement of the extend covers the acquire or hand-off before
+// it.
+func (f *Factory) confirm(ctx context.Context, h *Holder) error {
 	ctx, cancel := context.WithTimeout(ctx, h.ls.ttl/3)
 	defer cancel()
-	cmd := pipeScriptsAcked(ctx, f.primary(ctx, h.k.lock), 1, func(int) (*redis.Script, []string, []any) {
-		return extendCall(h.k, h.id, h.ls)
-	}, ack)[0]
-	v, err := cmd.Int64()
+	v, err := h.extendOnce(ctx)
 	switch {
 	case err != nil:
 		return fmt.Errorf("redislock: acquire %q: %w", h.name, err)
@@ -101,4 +99,17 @@ func (f *Factory) confirm(ctx context.Context, h *Holder, ack int) error {
 		return fmt.Errorf("redislock: acquire %q: %w before it reached the replicas", h.name, ErrLockLost)
 	}
 	return nil
+}
+
+// extendOnce runs h's extend script once and returns its reply (1: still
+// h's). With WithReplicaAck it runs on the name's primary followed by a
+// WAIT, and fails with ErrNotReplicated if too few replicas acknowledged.
+func (h *Holder) extendOnce(ctx context.Context) (int64, error) {
+	if ack := h.f.replicaAck(); ack > 0 {
+		return pipeScriptsAcked(ctx, h.f.primary(ctx, h.k.lock), 1, func(int) (*redis.Script, []string, []any) {
+			return extendCall(h.k, h.id, h.ls)
+		}, ack)[0].Int64()
+	}
+	sc, keys, args := extendCall(h.k, h.id, h.ls)
+	return sc.Run(ctx, h.f.c, keys, args...).Int64()
 }
