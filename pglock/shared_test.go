@@ -36,9 +36,7 @@ func TestKilledSharedHolder(t *testing.T) {
 				}
 				got <- err
 			}()
-			for writers.Waiting(name) == 0 {
-				time.Sleep(time.Millisecond)
-			}
+			eventually(t, 30*time.Second, "the writer waiting", func() bool { return writers.Waiting(name) > 0 })
 			terminate(t, pool, r.BackendPID())
 			select {
 			case <-r.Done():
