@@ -256,3 +256,16 @@ func (h *Holder) cleanup() {
 		h.dirty.Store(false)
 	}
 }
+
+// extendOnce runs h's extend script once and returns its reply (1: still
+// h's). With WithReplicaAck it runs on the name's primary followed by a
+// WAIT, and fails with ErrNotReplicated if too few replicas acknowledged.
+func (h *Holder) extendOnce(ctx context.Context) (int64, error) {
+	if ack := h.f.replicaAck(); ack > 0 {
+		return pipeScriptsAcked(ctx, h.f.primary(ctx, h.k.lock), 1, func(int) (*redis.Script, []string, []any) {
+			return extendCall(h.k, h.id, h.ls)
+		}, ack)[0].Int64()
+	}
+	sc, keys, args := extendCall(h.k, h.id, h.ls)
+	return sc.Run(ctx, h.f.c, keys, args...).Int64()
+}
