@@ -48,6 +48,9 @@ func guidePackage(rel string) string {
 func texts(d *Doc) []Span {
 	out := append([]Span(nil), d.Spans...)
 	for _, b := range d.Blocks {
+		if _, ok := b.Marker("foreign"); ok {
+			continue // another library's code: its names are not ours
+		}
 		for i, l := range strings.Split(b.Text, "\n") {
 			out = append(out, Span{Line: b.Line + i, Text: l})
 		}

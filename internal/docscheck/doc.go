@@ -53,6 +53,11 @@
 //	<!-- docscheck: skip -->
 //	    The block is pseudo-code or a sketch and is not compiled. The names
 //	    it mentions are still checked (2, 3).
+//	<!-- docscheck: foreign -->
+//	    The block is another library's code (the "before" of a migration
+//	    guide): it is neither compiled nor checked for names, since its
+//	    redislock.Obtain is not ours. Qualify such names in prose with the
+//	    block's import alias (bsm.Obtain), which no family package has.
 //	<!-- docscheck: vars NAME TYPE; NAME TYPE ... -->
 //	    Declares (or retypes) free variables of the fragment, for example
 //	    <!-- docscheck: vars runExport func(context.Context, uint64) error; migrate struct{ Run func(context.Context, *pgxpool.Pool) error } -->

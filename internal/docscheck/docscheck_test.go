@@ -136,7 +136,11 @@ func TestCatches(t *testing.T) {
 		"package main\n" + // 40
 		"\n" + // 41
 		"func main() { unused := 1 }\n" + // 42
-		"```\n" // 43
+		"```\n" + // 43
+		"<!-- docscheck: foreign -->\n" + // 44
+		"```go\n" + // 45
+		"lock, err := memlock.Obtain(ctx, \"x\") // another library's memlock\n" + // 46
+		"```\n" // 47
 	if err := os.MkdirAll(filepath.Dir(guide), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ type Block struct {
 // A Marker is a <!-- docscheck: ... --> directive before a block.
 type Marker struct {
 	Line int
-	Verb string // skip, vars, api
+	Verb string // skip, vars, api, foreign
 	Arg  string
 }
 
@@ -67,7 +67,7 @@ var (
 	refDefRE = regexp.MustCompile(`^[ \t]{0,3}\[[^\]]+\]:[ \t]*<?(\S+?)>?(?:[ \t].*)?$`)
 )
 
-var markerVerbs = map[string]bool{"skip": true, "vars": true, "api": true}
+var markerVerbs = map[string]bool{"skip": true, "vars": true, "api": true, "foreign": true}
 
 // ReadDocs reads the Markdown files in scope under root: README.md and
 // every .md file under docs/.
@@ -121,7 +121,7 @@ func ParseMarkdown(path, rel, src string) *Doc {
 		if m := markerRE.FindStringSubmatch(line); m != nil {
 			flush()
 			if !markerVerbs[m[1]] {
-				d.Probs = append(d.Probs, Problem{rel, i + 1, fmt.Sprintf("unknown docscheck marker %q (want skip, vars or api)", m[1])})
+				d.Probs = append(d.Probs, Problem{rel, i + 1, fmt.Sprintf("unknown docscheck marker %q (want skip, vars, api or foreign)", m[1])})
 				continue
 			}
 			pending = append(pending, Marker{Line: i + 1, Verb: m[1], Arg: m[2]})

@@ -147,7 +147,8 @@ type unit struct {
 // in the Markdown file.
 func classify(b *Block) (*unit, *Problem) {
 	u := &unit{b: b, fset: token.NewFileSet()}
-	if _, ok := b.Marker("skip"); ok {
+	_, skip := b.Marker("skip")
+	if _, foreign := b.Marker("foreign"); skip || foreign {
 		u.kind = kindSkip
 		return u, nil
 	}
