@@ -19,10 +19,10 @@ type leadConfig struct {
 	errs       []error
 }
 
-// The defaults of Lead's options.
+// The defaults of Lead's options (WithLeadRetry, WithLeadMaxBackoff).
 const (
-	defaultLeadRetry      = time.Second
-	defaultLeadMaxBackoff = 30 * time.Second
+	DefaultLeadRetry      = time.Second
+	DefaultLeadMaxBackoff = 30 * time.Second
 )
 
 // WithLeadRetry sets how long a follower waits between two campaigns, and
@@ -99,7 +99,7 @@ func WithLeadLogger(l *slog.Logger) LeadOption {
 //
 // A Locker built with WithMaxConcurrent(n) elects n leaders.
 func Lead(ctx context.Context, l Locker, name string, work func(ctx context.Context, epoch uint64) error, opts ...LeadOption) error {
-	c := leadConfig{retry: defaultLeadRetry, maxBackoff: defaultLeadMaxBackoff, log: slog.Default()}
+	c := leadConfig{retry: DefaultLeadRetry, maxBackoff: DefaultLeadMaxBackoff, log: slog.Default()}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)

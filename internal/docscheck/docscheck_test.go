@@ -72,6 +72,9 @@ func TestDocs(t *testing.T) {
 	t.Run("static", func(t *testing.T) {
 		report(t, "static", c.Static())
 	})
+	t.Run("options", func(t *testing.T) {
+		report(t, "options table", CheckOptionsTable(root, c.Pkgs))
+	})
 	t.Run("compile", func(t *testing.T) {
 		gocmd := goCommand(t, root)
 		dir := os.Getenv("DOCSCHECK_DIR") // to look at the generated module
@@ -86,6 +89,62 @@ func TestDocs(t *testing.T) {
 		t.Logf("Go blocks: %v; type-checked in %v", c.Blocks(), time.Since(start).Round(time.Millisecond))
 		report(t, "compile", probs)
 	})
+}
+
+// TestOptionsTableCatches feeds the options check a table with every kind
+// of mistake it looks for, against the real packages.
+func TestOptionsTableCatches(t *testing.T) {
+	root := repoRoot(t)
+	pkgs, err := LoadFamily(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	src := "# Options\n" + // 1
+		"\n" + // 2
+		"| option | flock | redislock |\n" + // 3
+		"|---|---|---|\n" + // 4
+		"| `WithTTL(d)` | · | `DefaultTTL` = 15s |\n" + // 5: wrong value
+		"| `WithKeyPrefix(p)` | · | \"lock:\" |\n" + // 6: default not cited
+		"| `WithWait()` | after 2 tries | off |\n" + // 7: a number with no constant
+		"| `WithMaxConcurrent(n)` | · | `DefaultLimit` = 1 |\n" + // 8: flock has it; no such constant
+		"| `WithSchema(s)` | refused | · |\n" + // 9: · for another backend's option
+		"| `WithDir(dir)` | `DefaultDir()` | refused |\n" + // 10: refused for a shared option
+		"| `WithReplicaAck(n)` | refused | off |\n" + // 11: right
+		"| `WithSweepAfter(d)` | `DefaultCheckInterval` = 1s | refused |\n" + // 12: right cell, wrong constant cited is allowed
+		"| nothing here | · | · |\n" // 13: no option
+	if err := os.MkdirAll(filepath.Join(dir, "docs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(OptionsDoc)), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int][]string{}
+	for _, p := range CheckOptionsTable(dir, pkgs) {
+		got[p.Line] = append(got[p.Line], p.Msg)
+	}
+	want := map[int][]string{
+		5:  {"the table says 15s, the code 30s"},
+		6:  {"the default is redislock.DefaultKeyPrefix: cite it"},
+		7:  {"states a number that is no Default constant of flock"},
+		8:  {"flock has WithMaxConcurrent", "redislock.DefaultLimit does not exist"},
+		9:  {"· is a shared option ignored, but lock has no WithSchema"},
+		10: {"lock.WithDir is shared: redislock accepts and ignores it"},
+		13: {"names no option"},
+		0:  {"flock.WithCheckInterval has no row", "redislock.WithShared has no row"},
+	}
+	for line, msgs := range want {
+		for _, msg := range msgs {
+			if !containsMsg(got[line], msg) {
+				t.Errorf("line %d: want a problem %q, got %q", line, msg, got[line])
+			}
+		}
+	}
+	for _, line := range []int{11, 12} {
+		if len(got[line]) > 0 {
+			t.Errorf("line %d: unexpected problems %q", line, got[line])
+		}
+	}
 }
 
 // TestCatches feeds the checks docs that are wrong in every way they

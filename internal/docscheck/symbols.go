@@ -33,6 +33,7 @@ type Package struct {
 	Name    string
 	Funcs   map[string]*ast.FuncDecl
 	Values  map[string]bool                     // package-level vars and consts
+	Consts  map[string]ast.Expr                 // package-level consts with an explicit value
 	Types   map[string]bool                     // declared type names
 	Members map[string]map[string]*ast.FuncType // type → method or field → signature (nil for fields)
 }
@@ -57,6 +58,7 @@ func LoadPackage(dir string) (*Package, error) {
 	p := &Package{
 		Funcs:   map[string]*ast.FuncDecl{},
 		Values:  map[string]bool{},
+		Consts:  map[string]ast.Expr{},
 		Types:   map[string]bool{},
 		Members: map[string]map[string]*ast.FuncType{},
 	}
@@ -105,8 +107,11 @@ func (p *Package) add(f *ast.File) {
 			for _, s := range d.Specs {
 				switch s := s.(type) {
 				case *ast.ValueSpec:
-					for _, n := range s.Names {
+					for i, n := range s.Names {
 						p.Values[n.Name] = true
+						if d.Tok == token.CONST && i < len(s.Values) {
+							p.Consts[n.Name] = s.Values[i]
+						}
 					}
 				case *ast.TypeSpec:
 					p.Types[s.Name.Name] = true
