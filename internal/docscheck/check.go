@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode"
 )
 
 // LoadFamily reads the API of every family package that exists under root.
@@ -171,31 +172,95 @@ func hasMethod(p *Package, name string) bool {
 	return false
 }
 
-// CheckLinks reports relative links whose target does not exist.
+// CheckLinks reports relative links whose target does not exist, and
+// links to a heading (file.md#anchor, #anchor) that the file lacks.
 func CheckLinks(root string, docs []*Doc) []Problem {
 	var probs []Problem
+	anchors := map[string]map[string]bool{} // Markdown file → its headings' anchors
 	for _, d := range docs {
 		for _, l := range d.Links {
 			t := l.Text
-			if strings.Contains(t, "://") || strings.HasPrefix(t, "mailto:") || strings.HasPrefix(t, "#") {
+			if strings.Contains(t, "://") || strings.HasPrefix(t, "mailto:") {
 				continue
 			}
-			if i := strings.IndexAny(t, "#?"); i >= 0 {
+			frag := ""
+			if i := strings.IndexByte(t, '#'); i >= 0 {
+				t, frag = t[:i], t[i+1:]
+			}
+			if i := strings.IndexByte(t, '?'); i >= 0 {
 				t = t[:i]
 			}
-			var p string
-			if strings.HasPrefix(t, "/") {
+			p := d.Path
+			switch {
+			case t == "":
+			case strings.HasPrefix(t, "/"):
 				p = filepath.Join(root, filepath.FromSlash(t))
-			} else {
+			default:
 				p = filepath.Join(filepath.Dir(d.Path), filepath.FromSlash(t))
 			}
 			if _, err := os.Stat(p); err != nil {
 				probs = append(probs, Problem{d.Rel, l.Line, fmt.Sprintf("link target %s does not exist", l.Text)})
+				continue
+			}
+			if frag == "" || !strings.HasSuffix(p, ".md") {
+				continue
+			}
+			if anchors[p] == nil {
+				anchors[p] = headingAnchors(p)
+			}
+			if !anchors[p][frag] {
+				probs = append(probs, Problem{d.Rel, l.Line, fmt.Sprintf("link %s: no heading with that anchor", l.Text)})
 			}
 		}
 	}
 	return probs
 }
+
+// headingAnchors returns the anchors GitHub gives the headings of a
+// Markdown file: lower case, punctuation but '-' and '_' dropped, spaces
+// made '-', and -1, -2, ... after a repeated one.
+func headingAnchors(path string) map[string]bool {
+	src, _ := os.ReadFile(path)
+	out := map[string]bool{}
+	seen := map[string]int{}
+	fence := ""
+	for _, line := range strings.Split(string(src), "\n") {
+		if m := fenceRE.FindStringSubmatch(line); m != nil {
+			switch {
+			case fence == "":
+				fence = m[2][:1]
+			case strings.HasPrefix(m[2], fence):
+				fence = ""
+			}
+			continue
+		}
+		if fence != "" || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		text := strings.TrimSpace(strings.TrimRight(strings.TrimLeft(line, "#"), "# "))
+		text = mdLinkRE.ReplaceAllString(text, "$1")
+		var b strings.Builder
+		for _, r := range strings.ToLower(text) {
+			switch {
+			case r == ' ':
+				b.WriteByte('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			seen[a]++
+			a = fmt.Sprintf("%s-%d", a, n)
+		} else {
+			seen[a] = 1
+		}
+		out[a] = true
+	}
+	return out
+}
+
+var mdLinkRE = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
 
 // checkListing compares an API summary with the package's declarations.
 func checkListing(u *unit, pkgs map[string]*Package) []Problem {

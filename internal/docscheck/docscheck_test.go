@@ -157,7 +157,7 @@ func TestCatches(t *testing.T) {
 		"\n" + // 2
 		"Use `memlock.NoSuchThing` and `lock.WithNoSuchOption()`.\n" + // 3
 		"Pass `WithStaleAfter(d)`; `Factory.NoSuchMethod` too.\n" + // 4
-		"See [the guide](no-such-file.md) and [memlock](memlock.md).\n" + // 5
+		"See [the guide](no-such-file.md), [memlock](memlock.md#memlock) and [a heading](#no-such).\n" + // 5
 		"\n" + // 6
 		"```go\n" + // 7
 		"locks := memlock.NewFactory()\n" + // 8
@@ -219,7 +219,7 @@ func TestCatches(t *testing.T) {
 	want := map[int][]string{
 		3:  {"memlock.NoSuchThing does not exist", "lock.WithNoSuchOption does not exist"},
 		4:  {"memlock has no WithStaleAfter", "memlock.Factory has no method or field NoSuchMethod"},
-		5:  {"link target no-such-file.md does not exist"},
+		5:  {"link target no-such-file.md does not exist", "link #no-such: no heading with that anchor"},
 		15: {"memlock.Missing does not exist"},
 		19: {"memlock.NewFactory: documented as func(...Option) (*Holder), declared as func(...Option) (*Factory)"},
 		29: {"does not parse"},
