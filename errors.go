@@ -47,9 +47,9 @@ var (
 // any attempt could tell, a ping of the backend that fails) returns that
 // failure, saying "gave up waiting: <ctx cause>: <failure>" if the
 // context had ended; it matches the context's error and the failure, never
-// ErrLocked. The ping runs after the deadline for at most a second
-// (backend.ProbeTimeout), so a waiting Acquire on a backend that does not
-// answer returns within its deadline plus a second.
+// ErrLocked. The ping runs after the deadline for at most
+// backend.ProbeTimeout, so a waiting Acquire on a backend that does not
+// answer returns within its deadline plus that.
 type WaitError struct {
 	Locked error // the backend's ErrLocked
 	Cause  error // context.Cause of the Acquire context

@@ -27,7 +27,7 @@ const (
 
 // WithLeadRetry sets how long a follower waits between two campaigns, and
 // how long a replica that stepped down waits before it campaigns again.
-// Default 1s. With the backend's loss detection it bounds how long a name
+// Default DefaultLeadRetry. With the backend's loss detection it bounds how long a name
 // stays leaderless after its leader dies. Each wait is drawn between 80% and
 // 100% of d so that followers started together do not campaign in step.
 func WithLeadRetry(d time.Duration) LeadOption {
@@ -42,7 +42,7 @@ func WithLeadRetry(d time.Duration) LeadOption {
 
 // WithLeadMaxBackoff caps the wait after failures (a backend error on
 // Acquire, or work returning an error), which doubles from the retry
-// interval on each failure in a row. Default 30s; a cap below the retry
+// interval on each failure in a row. Default DefaultLeadMaxBackoff; a cap below the retry
 // interval is raised to it.
 func WithLeadMaxBackoff(d time.Duration) LeadOption {
 	return func(c *leadConfig) {
