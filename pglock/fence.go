@@ -41,8 +41,8 @@ type Fence struct{ st *store }
 // re-runs a key's work by deleting its row.
 type Ledger struct{ st *store }
 
-// NewFence returns a fence on pool. WithSchema (default "public") names the
-// schema of its table and WithKeyPrefix (default "") the namespace of its
+// NewFence returns a fence on pool. WithSchema (default DefaultSchema)
+// names the schema of its table and WithKeyPrefix the namespace of its
 // keys; the other options are accepted and ignored, so a factory's options
 // can be passed as they are. A nil pool or an invalid option is reported by
 // the first call. The fence does not close pool.

@@ -65,7 +65,8 @@ func WithWait() Option { return lock.WithWait() }
 func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 
 // WithKeyPrefix is the namespace of the advisory keys: the same name under
-// two prefixes is two different locks. Default "". It must not contain NUL.
+// two prefixes is two different locks. Without it names have no prefix. It
+// must be UTF-8 without NUL.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
 // WithMaxHold ends a lock d after its Acquire: it is lost with
@@ -106,8 +107,7 @@ type (
 )
 
 // WithSchema names the schema that holds pglock's table, sequence and
-// functions (created on first use). Default DefaultSchema ("public").
-// Factory option.
+// functions (created on first use); default DefaultSchema. Factory option.
 func WithSchema(schema string) Option {
 	if schema == "" {
 		return func(o *lock.Options) { o.Invalid(`pglock.WithSchema(""): empty schema`) }
@@ -120,8 +120,8 @@ func WithSchema(schema string) Option {
 // them, chosen by the name's key. Postgres makes every statement on a
 // session slower the more locks it holds (it walks them at each
 // transaction end), so a process that holds thousands of locks at once
-// trades connections for latency here. Default DefaultSessions (2), at
-// most MaxSessions (64). Factory option.
+// trades connections for latency here. Default DefaultSessions, at most
+// MaxSessions. Factory option.
 func WithSessions(n int) Option {
 	if n < 1 || n > MaxSessions {
 		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("pglock.WithSessions(%d): need 1 to %d", n, MaxSessions)) }
@@ -134,9 +134,9 @@ func WithSessions(n int) Option {
 // own, so that a release wakes exactly the longest waiting session, and
 // then holds the lock on it until it is released. Each is a connection
 // taken from the pool (only while the pool has one to spare) and closed
-// after a minute unused. Waiters beyond them, and semaphore waiters, retry
-// when a release is notified. 0 turns blocking off. Default
-// DefaultWaitSessions (4), at most MaxSessions. Factory option.
+// after a while unused (see the guide). Waiters beyond them, and semaphore
+// waiters, retry when a release is notified. 0 turns blocking off. Default
+// DefaultWaitSessions, at most MaxSessions. Factory option.
 func WithWaitSessions(n int) Option {
 	if n < 0 || n > MaxSessions {
 		return func(o *lock.Options) {
@@ -149,7 +149,7 @@ func WithWaitSessions(n int) Option {
 // WithHealthInterval sets how often an idle lock session is checked with a
 // query. A session that ended is noticed within this interval (plus the
 // statement timeout when the network is cut), and its holders lose their
-// locks. Default DefaultHealthInterval (1s). Factory option.
+// locks. Default DefaultHealthInterval. Factory option.
 func WithHealthInterval(d time.Duration) Option {
 	return duration("WithHealthInterval", healthKey{}, d)
 }
@@ -157,19 +157,19 @@ func WithHealthInterval(d time.Duration) Option {
 // WithStatementTimeout bounds each use of a lock session: one statement,
 // or the few of a rare slow path. A session that runs out is in an unknown
 // state, so it is closed and its holders lose their locks. Default
-// DefaultStatementTimeout (5s). Factory option.
+// DefaultStatementTimeout. Factory option.
 func WithStatementTimeout(d time.Duration) Option {
 	return duration("WithStatementTimeout", stmtTimeoutKey{}, d)
 }
 
 // WithPollInterval sets how often a waiting Acquire retries when no release
 // notification arrives, which catches locks freed by a session that ended.
-// Default DefaultPollInterval (1s). Factory option.
+// Default DefaultPollInterval. Factory option.
 func WithPollInterval(d time.Duration) Option { return duration("WithPollInterval", pollKey{}, d) }
 
 // WithConnectTimeout bounds the wait for a pool connection when the factory
 // opens a lock session or its listener, so an exhausted pool gives
-// ErrPoolExhausted instead of a hang. Default DefaultConnectTimeout (5s).
+// ErrPoolExhausted instead of a hang. Default DefaultConnectTimeout.
 // Factory option.
 func WithConnectTimeout(d time.Duration) Option {
 	return duration("WithConnectTimeout", connectTimeoutKey{}, d)

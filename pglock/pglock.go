@@ -1,66 +1,15 @@
-// Package pglock is a lock backend on PostgreSQL session advisory locks:
-// the lock is held by a database session and freed by Postgres itself when
-// that session ends, so a crashed holder never leaves a stuck lock and no
-// TTL has to be sized.
+// Package pglock is a lock backend on PostgreSQL session advisory locks,
+// through a pgxpool.Pool: a lock is held by one of the Factory's database
+// sessions and freed by Postgres itself when that session ends, so a
+// crashed holder never leaves a stuck lock and no TTL has to be sized.
+// It offers mutexes, semaphores (WithMaxConcurrent), shared locks
+// (WithShared), waiting woken by the release, fencing tokens from a
+// database counter, locks inside a transaction (AcquireInTx), and a
+// durable Fence and Ledger in two tables.
 //
-// # Design
-//
-// A Factory owns a small number of dedicated lock sessions (WithSessions,
-// default 2), taken from the pool with Acquire + Hijack and never given
-// back to it, plus, while somebody waits, a wait session per waited-for
-// name (at most WithWaitSessions; see block) or the listener connection.
-// Every lock the factory hands out is held on one of these sessions, so ten
-// thousand held locks need at most three connections, not ten thousand. Postgres session
-// locks are re-entrant, so the factory keeps an in-process table of what its
-// sessions hold: two goroutines of one process never both "hold" a name.
-//
-// Acquire is one round trip on the session (pg_try_advisory_lock and the
-// token in one statement; a few more only on a factory's first acquire and
-// after a server crash); Release is one round trip (pg_advisory_unlock,
-// plus a NOTIFY only when another session waits for the name). A call with
-// an owner or metadata also writes its holder to the unlogged
-// pglock_holders table, which Inspect reads, in the same statement, and
-// its release deletes it in the same statement.
-//
-// # Guarantees and assumptions
-//
-//   - Mutual exclusion holds while every contender talks to the same
-//     PostgreSQL primary over session-mode connections, or takes the lock
-//     in a transaction (AcquireInTx). A transaction-mode pooler (PgBouncer
-//     pool_mode=transaction) breaks session locks: the first Acquire checks
-//     for one before it takes anything and refuses it (ErrSessionChanged),
-//     as it refuses CockroachDB, whose advisory locks lock nothing
-//     (ErrNoAdvisoryLocks). A busy pooler can slip past the check; a lock
-//     session that then answers from another backend is closed, its locks
-//     are lost, and the factory refuses every later Acquire.
-//   - Tokens come from a counter in the same statement that takes the lock:
-//     strictly increasing per name (and across names), durable across
-//     client and server restarts (the counter runs in the range of an epoch
-//     that is committed before the range is used; a crash moves it to a
-//     new epoch), but not across a failover to an asynchronous replica that
-//     had not received the latest epoch. A lock lost to a failover is
-//     reported as lost, as any ended session is.
-//   - Loss: when a lock session ends (server restart, pg_terminate_backend,
-//     network cut) every holder on it sees Done closed and Err matching
-//     ErrLockLost within WithHealthInterval (default 1s), or at the first
-//     failing statement; with the network cut, within the health interval
-//     plus WithStatementTimeout (default 5s). WithLock cancels its context.
-//   - A session whose unlock failed or whose result is unknown is closed,
-//     which frees its locks on the server; it never goes back to the pool.
-//   - Names map to 64-bit advisory keys (see the guide for the collision
-//     story and how to find a lock in pg_locks).
-//   - Shared mode (WithShared): readers hold the name's key shared
-//     (pg_try_advisory_lock_shared), a writer exclusively. A writer that
-//     waits blocked in Postgres's queue of the key turns later shared
-//     tries away by Postgres's own rule; one that waits by notifications
-//     (no wait session free) holds the name's intent key, which readers
-//     check in their statement. Within a factory, where Postgres lets a
-//     session's own locks through, the in-process table keeps readers
-//     and writers apart, and a reader joining its factory's readers asks
-//     pg_locks for a waiting writer. A name used as a semaphore is told
-//     from readers when the semaphore holds first; a semaphore cannot
-//     see readers that hold first (its stored function checks only for
-//     an exclusive holder).
+// How it works, what it stores, how fast a loss is noticed, when exclusion
+// holds and how it behaves behind PgBouncer are in the guide:
+// https://github.com/ubgo/lock/blob/main/docs/guides/pglock.md
 package pglock
 
 import (
@@ -92,7 +41,8 @@ var (
 	// later Acquire of the factory fails with it. AcquireInTx still works.
 	ErrSessionChanged = errors.New("pglock: the backend of a lock session changed; session advisory locks need a session-mode connection (is a transaction-mode pooler such as PgBouncer in between?)")
 	// ErrKeyCollision: two different names map to the same advisory key
-	// (probability about 2^-64 per pair); use another name or prefix.
+	// (rare: keys are 64-bit hashes, see the guide); use another name or
+	// prefix.
 	ErrKeyCollision = errors.New("pglock: two names map to the same advisory key")
 )
 
