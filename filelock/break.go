@@ -35,8 +35,8 @@ import (
 //
 // The counter file stays, so the next holder's token is larger. A freed
 // holder that is alive finds its marker gone when it next reads it back
-// (every eighth of its stale window, at most every second) or refreshes
-// it: Done closes and Err matches ErrLockLost.
+// or refreshes it (see the guide for how often): Done closes and Err
+// matches ErrLockLost.
 //
 // Break returns an error matching lock.ErrNotHeld when nothing holds name,
 // and lock.ErrInvalidName for a bad name.

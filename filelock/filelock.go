@@ -4,57 +4,20 @@
 // lock, readable with cat, in a directory shared by the processes that
 // contend: on one host, or on several hosts sharing a file system.
 //
-// A marker <dir>/<name>.lock (<name>.0.lock … <name>.<n-1>.lock for a
-// semaphore; the name escaped by backend.Escape) records the holder's pid,
-// process start time, host, token, nonce, lease, owner and metadata as
-// key=value lines. It is written to a temporary file, synced, and made
-// visible whole by link(2). Every change to a name's markers — acquire,
-// takeover, refresh, release, sweep — happens under a short flock(2) on the
-// name's counter file <name>.token, which also holds the last fencing token.
-// So when two processes judge the same marker stale exactly one takes it
-// over, and a release or refresh removes or rewrites a marker only while it
-// still carries the holder's nonce.
+// A marker records the holder's pid, process start, host, token, lease,
+// owner and metadata; every change to a name's markers happens under a
+// short flock(2) on the name's counter file, which also keeps the last
+// fencing token. A marker is taken over when its holder is provably dead
+// on this machine (at once, Linux only) or when its lease (WithStaleAfter)
+// has run out since its last refresh. Holders refresh in the background
+// and declare the lock lost a margin before their lease runs out, from a
+// timer that needs no I/O; they also read their marker back, and lose the
+// lock once it is gone or no longer theirs. NewFence and NewLedger keep a
+// lock.Fence and a lock.Ledger in the same directory.
 //
-// Shared mode (WithShared): each shared holder has a marker of its own in
-// a reader slot <name>.<i>.lock, and the counter records how many slots
-// may be in use; an exclusive holder takes <name>.lock only while every
-// reader slot is free, and a reader a slot only while <name>.lock is free
-// and no waiting writer's intent marker <name>.want is live. The intent is
-// what gives writers preference: written by an exclusive Acquire that
-// waits, rewritten while it waits, removed when it takes the name or gives
-// up, and reclaimed like any marker when its writer is gone.
-//
-// A marker is stale, and the next Acquire takes it over, when
-//   - its holder ran on this machine (same host name, boot id and PID
-//     namespace) and is provably dead: kill(pid, 0) fails with ESRCH, the
-//     process is a zombie, or the process with that PID started at another
-//     clock tick since boot than the recorded one (the PID was reused) — at
-//     once, whatever the lease (Linux only). No proof involves the wall
-//     clock, so a clock step never makes a live holder look dead; or
-//   - its lease (WithStaleAfter, default 30s) has run out since the last
-//     refresh, whoever and wherever the holder is.
-//
-// Holders refresh their markers in the background inside WithLock and
-// AsLocker, or by calling Extend after a bare Acquire. A holder that has not
-// refreshed declares the lock lost a margin (a tenth of the lease, at most
-// 2s) before its lease runs out, from a timer of its own that needs no I/O:
-// a refresh stalled on the disk, or on a name whose guard is stuck, does
-// not delay it. Each holder also reads its marker back every eighth of its
-// lease (at most every second) and closes Done with ErrLockLost once the
-// marker is gone or no longer the holder's.
-//
-// Exclusion holds while every contender uses this package (or its
-// protocol) on the same directory; flock(2) and link(2) behave as on a local
-// file system (on NFS, flock must be backed by working byte-range locks on
-// every client); wall clocks do not jump forward, and across hosts agree, by
-// more than the margin; and nobody edits marker or counter files by hand
-// while processes use them. Tokens come from the counter file; when it is missing
-// or corrupt the next token is the current Unix time in nanoseconds, so it
-// never restarts low unless the clock was also set back.
-//
-// The package builds on Unix systems. The dead-process probe and the
-// directory watch that wakes waiters need Linux; elsewhere markers are
-// reclaimed by their stale window and waiters poll.
+// The package builds on Unix systems. The guide gives the files, the
+// intervals and margins, the assumptions and the failure modes:
+// https://github.com/ubgo/lock/blob/main/docs/guides/filelock.md
 package filelock
 
 import (
@@ -591,9 +554,9 @@ const tempAge = time.Minute
 // Sweep removes the markers in the factory's directory that are provably
 // stale — their holder died on this host, or their lease ran out —, the
 // intents of waiting writers that are stale the same way, and the
-// temporary files (older than a minute) of writers that crashed. It takes
-// each name's guard, so it never races an Acquire, a refresh or a Release. It returns how many markers
-// it removed. Acquire reclaims stale markers of the names it takes by
+// stale temporary files of writers that crashed. It takes each name's
+// guard, so it never races an Acquire, a refresh or a Release. It returns
+// how many markers it removed. Acquire reclaims stale markers of the names it takes by
 // itself; Sweep is for tidying names nobody asks for any more.
 func (f *Factory) Sweep(ctx context.Context) (int, error) {
 	if f.cfg.Err != nil {

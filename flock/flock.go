@@ -1,48 +1,16 @@
 // Package flock is a lock backend built on the kernel's file locks
 // (flock(2) on Unix, LockFileEx on Windows): the simplest correct choice
-// for processes of one host.
+// when every contender runs on one host.
 //
-// Each name is a file in a directory (WithDir; DefaultDir otherwise). A
-// holder keeps an exclusive lock on its own open file, so two Acquires of
-// one name conflict whether they come from two processes or from two
-// goroutines of one. The kernel drops the lock the moment its holder's
-// process ends for any reason, SIGKILL included: there is no lease to
-// size, no stale lock to clean up, and nothing to renew.
+// Each name is a lock file in a directory (WithDir). A holder keeps its own
+// open file locked, so two Acquires of a name conflict whether they come
+// from two processes or from one; the kernel frees the lock the moment the
+// holder's process ends, SIGKILL included. There is no lease to size and
+// nothing to renew. Tokens are kept in the lock file and survive restarts;
+// files stay until Factory.Sweep (or WithSweepAfter) removes them safely.
 //
-// Guarantees, while the assumptions below hold:
-//   - Mutual exclusion: never two holders of a name, never more than n
-//     holders of a semaphore (WithMaxConcurrent(n)); the limit is stored
-//     and a caller with another limit gets lock.ErrLimitMismatch.
-//   - Fencing tokens greater than zero and strictly increasing per name,
-//     read and written under the lock: max(stored+1, wall clock in unix
-//     nanoseconds). The counter lives in the lock file and survives
-//     restarts. A sweep that removes a name's files first raises the
-//     directory's fence file past its counter, and a missing or damaged
-//     counter restarts at max(fence+1, clock), never low.
-//   - A killed holder frees its lock at once; a stopped one (SIGSTOP)
-//     keeps it until it resumes and releases or dies.
-//   - Shared mode (WithShared): readers hold a shared lock on the name's
-//     file, together; a writer alone. A writer that waits holds the
-//     name's <esc>.want file exclusively, and every reader takes it
-//     shared for a moment before its own lock, so readers that come
-//     while a writer waits wait behind it (flock(2) alone would let them
-//     starve it). All of it is the kernel's, so SIGKILL at any step frees
-//     what the process held.
-//
-// Assumptions: every process uses this package (or its protocol) on the
-// same directory of a local file system (one host); nobody deletes,
-// renames or rewrites lock files by hand while they may be in use
-// (Factory.Sweep is the safe way to remove them; a holder whose file
-// vanishes anyway is reported lost within WithCheckInterval). flock on
-// network file systems is emulated or absent and is not supported.
-//
-// Lock files stay until a sweep removes them (Factory.Sweep, or
-// automatically with WithSweepAfter): a sweeper takes the name's exclusive
-// lock, marks the file dead, unlinks it and only then unlocks; an acquirer
-// that locks a file marked dead drops it and opens the path again. That
-// closes the classic race in which one process locks an unlinked inode
-// while another locks a new file at the same path. docs/guides/flock.md
-// describes the files, the options and the failure modes.
+// The guide describes the files, waiting, loss, the assumptions and the
+// failure modes: https://github.com/ubgo/lock/blob/main/docs/guides/flock.md
 package flock
 
 import (

@@ -15,22 +15,21 @@ import (
 // them; invalid values of them are still reported.
 type Option = lock.Option
 
-// WithDir sets the directory of the lock files. It is created (mode 0755,
-// and parents) on first use if missing. Default: filepath.Join(os.TempDir(),
-// "ubgo-lock"), see DefaultDir.
+// WithDir sets the directory of the lock files, created with its parents
+// on first use if missing. Default DefaultDir().
 func WithDir(dir string) Option { return lock.WithDir(dir) }
 
 // WithMaxConcurrent makes the name a semaphore of n permits, one slot file
 // each (<name>.<i>.lock). Every holder of a name must use the same n, at
 // most MaxPermits; a different n gets an error matching
-// lock.ErrLimitMismatch. Default 1: a mutex.
+// lock.ErrLimitMismatch. Without it the name is a mutex.
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 
 // WithWait makes Acquire wait until the lock is free or its context ends.
 // Waiters are woken by releases in the same process at once, by releases
-// in other processes through inotify on Linux, and otherwise by polling
-// (at most every 50ms; 250ms when inotify is watching). Default: off, a
-// held lock fails at once with ErrLocked.
+// in other processes through inotify on Linux, and otherwise by a poll
+// (its intervals are in the guide). Without it a held lock fails at once
+// with ErrLocked.
 func WithWait() Option { return lock.WithWait() }
 
 // WithWaitTimeout makes Acquire wait for at most d; see lock.WithWaitTimeout.
@@ -67,8 +66,8 @@ type sweepKey struct{}
 // WithSweepAfter turns automatic sweeps on: Acquire then starts a sweep of
 // the directory in the background at most once per d per process and
 // directory, removing the files of every name that is free and was last
-// acquired more than d ago (see Factory.Sweep for the protocol). Default
-// 0: off, and files stay until Factory.Sweep removes them. A swept name's
+// acquired more than d ago (see Factory.Sweep for the protocol). Without
+// it files stay until Factory.Sweep removes them. A swept name's
 // counter is gone; the directory's fence file keeps its next token above
 // the last one.
 func WithSweepAfter(d time.Duration) Option { return duration("WithSweepAfter", sweepKey{}, d) }
@@ -84,7 +83,7 @@ const DefaultCheckInterval = time.Second
 // /tmp cleaner) lets another process lock a new file at the same path; a
 // holder whose file is gone is reported lost (Done closes, Err matches
 // ErrLockLost) within one interval. 0 turns the check off. Default
-// DefaultCheckInterval (1s). It is a factory option: per-call values are
+// DefaultCheckInterval. It is a factory option: per-call values are
 // ignored.
 func WithCheckInterval(d time.Duration) Option { return duration("WithCheckInterval", checkKey{}, d) }
 

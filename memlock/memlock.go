@@ -6,6 +6,8 @@
 // hooks that let tests drive the failure paths of the code under test:
 // ForceLoss makes holders lose their lock, and a ManualClock expires leases
 // on demand.
+//
+// Guide: https://github.com/ubgo/lock/blob/main/docs/guides/memlock.md
 package memlock
 
 import (

@@ -8,8 +8,9 @@
 //	lock ls [flags] [PREFIX]
 //	lock break [flags] NAME
 //
-// Run "lock help" for the flags, the backend URLs and the exit codes;
-// docs/guides/cmd-lock.md has the details.
+// Run "lock help" for the flags, the backend URLs and the exit codes. The
+// guide has the details:
+// https://github.com/ubgo/lock/blob/main/docs/guides/cmd-lock.md
 package main
 
 import (

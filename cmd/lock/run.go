@@ -110,9 +110,9 @@ func runCmd(args []string, stderr io.Writer) int {
 		ttl = f.ttl
 	}
 	if f.killAfter == 0 {
-		// Half the smallest margin by which a lease backend declares a
-		// lock lost before its lease can run out on the server (TTL/10;
-		// filelock: at most 2s), so the group is dead before another
+		// At most half the margin by which a lease backend declares a
+		// lock lost before its lease can run out on the server (each
+		// backend's guide, Loss), so the group is dead before another
 		// holder can be granted the lock.
 		f.killAfter = min(ttl/20, time.Second)
 		if ttl == 0 {
