@@ -41,9 +41,9 @@ var breakScript = redis.NewScript(breakSrc)
 // until the next holder writes through them with its larger token.
 //
 // A freed holder that is still alive finds its lock gone at its next
-// renewal (within a third of its TTL), Extend or Release: Done closes and
-// Err matches ErrLockLost. Until then it may think it holds the lock, so
-// only a fence protects a resource from it.
+// renewal (see the guide's "Loss" section), Extend or Release: Done closes
+// and Err matches ErrLockLost. Until then it may think it holds the lock,
+// so only a fence protects a resource from it.
 //
 // Break returns an error matching lock.ErrNotHeld when nothing holds name,
 // and lock.ErrInvalidName for a bad name.

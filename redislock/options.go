@@ -28,7 +28,8 @@ const (
 // WithMaxConcurrent makes the name a semaphore of n permits (a sorted set
 // of permits in Redis). Every holder of a name must use the same n; the
 // limit is stored beside the permits and a different n gets an error
-// matching lock.ErrLimitMismatch. Default 1 (a mutex, a plain string key).
+// matching lock.ErrLimitMismatch. Without it the name is a mutex (a plain
+// string key).
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 
 // WithWait makes Acquire wait until the lock is free or ctx ends, instead
@@ -42,13 +43,14 @@ func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 
 // WithTTL sets the lease length (default DefaultTTL, at least MinTTL).
 // Redis frees a lock whose holder neither released nor extended it within
-// d. The holder itself considers the lock lost slightly earlier, at
-// d - d/10 - 2ms after it sent its last confirmed acquire or extend, so that
-// it stops before Redis can hand the name to someone else.
+// d. The holder itself considers the lock lost a safety margin earlier,
+// counted from when it sent its last confirmed acquire or extend, so that
+// it stops before Redis can hand the name to someone else; the margin is
+// in the guide's "Loss" section.
 func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 
 // WithKeyPrefix puts every key and channel under prefix, used verbatim
-// (default DefaultKeyPrefix, "lock:"; an empty prefix means the default).
+// (default DefaultKeyPrefix; an empty prefix means the default).
 // A name's keys are <prefix>{<escaped name>}:lock, :token, :slots,
 // :permits, and its channel <prefix>{<escaped name>}:released. A prefix
 // with a hash tag of its own ("{app}:") puts every lock in that tag's
@@ -56,8 +58,9 @@ func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 
 // WithAutoRenew(false) turns off the renewal of leases in the background
-// (on by default, see lock.WithAutoRenew: at a third of the TTL, from one
-// renewal loop per factory); the caller then renews with Extend.
+// (on by default, see lock.WithAutoRenew: a few times per TTL, from one
+// renewal loop per factory, as the guide's "Loss" section says); the
+// caller then renews with Extend.
 func WithAutoRenew(on bool) Option { return lock.WithAutoRenew(on) }
 
 // WithMaxHold ends a lock d after its Acquire: renewal stops, it is lost
@@ -72,14 +75,16 @@ func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 func WithShared() Option { return lock.WithShared() }
 
 // WithOwner records who holds the lock (a job or trace id), stored with
-// the lock and shown by Inspect. Default: pid@hostname.
+// the lock and shown by Inspect. Without it the owner is the process id
+// and host name.
 func WithOwner(owner string) Option { return lock.WithOwner(owner) }
 
 // WithMetadata adds a key/value pair stored with the lock and shown by
 // Inspect.
 func WithMetadata(key, value string) Option { return lock.WithMetadata(key, value) }
 
-// WithLogger sets the logger; nil turns logging off. Default: slog.Default().
+// WithLogger sets the logger; nil turns logging off. Without it the
+// factory logs to slog.Default().
 func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
 
 // WithObserver sets the metrics and tracing hook.

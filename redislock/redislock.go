@@ -1,53 +1,15 @@
-// Package redislock is a lock backend on Redis: named mutexes, shared
-// (read) locks and semaphores with fencing tokens, leases that renew, and
-// waiting woken by pub/sub: a mutex's waiters queue in Redis and a release
-// hands the name to the first of them (see wait.go). Shared holders are
-// kept like semaphore permits; a writer waiting for them turns new ones
-// away (see lua/mutex_acquire.lua).
+// Package redislock is the Redis backend of github.com/ubgo/lock: named
+// mutexes, shared locks and semaphores kept in Redis (standalone, Sentinel
+// or Cluster, through a go-redis client), with fencing tokens that grow,
+// leases renewed in the background, and waiters that queue in Redis and are
+// handed the name by the release.
 //
-// Every operation is one Lua script, so acquire, release and extend each
-// take one round trip. The acquire script sets the key with an expiry and
-// draws the fencing token in the same atomic step, so a holder that pauses
-// can never end up with a larger token than its successor. Release and
-// Extend act only while the stored holder id (random, one per acquisition)
-// is still this holder's, so a late call never touches a successor's lock.
-// No key is ever written without an expiry.
-//
-// Exclusion holds under these assumptions:
-//   - One Redis primary decides: a standalone server, or the primary that
-//     owns the name's hash slot in a cluster. Replication is asynchronous,
-//     so a failover can lose a lock the old primary granted and let a
-//     second holder in. Where that matters, pass Holder.Token to the
-//     resource and have it reject older tokens.
-//   - Clocks run at about the same rate on client and server. A holder's
-//     lease deadline is the time it sent its last confirmed acquire or
-//     extend, plus TTL - TTL/10 - 2ms, on its own monotonic clock: Redis
-//     started the lease after that send, so it cannot expire it before.
-//   - A process paused past its deadline cannot stop its own work, but
-//     its late Extend or Release fails with ErrLockLost without touching
-//     the successor, and its token is smaller than the successor's.
-//
-// Leases: holders renew automatically (unless WithAutoRenew(false)), from
-// one loop per factory that pipelines the renewals of all its locks. A renewed
-// holder that cannot get a renewal confirmed by its deadline closes Done,
-// fails Err with ErrLockLost and cancels WithLock's context (while Redis
-// still holds the key), then removes the key; it never takes the lock back
-// by itself. Holders acquired WithAutoRenew(false) must call Extend before
-// the deadline. At the deadline the factory
-// removes the key (hands it to the first waiter), so the next holder need
-// not wait for the rest of the TTL, and then closes Done.
-//
-// Tokens are strictly increasing per name. A free name's token is never
-// below the server's clock in microseconds, and a hand-off's is the
-// releaser's + 1, so they keep increasing even when the token counter is
-// lost (a restart without persistence, eviction), as long as the server's
-// clock does not go back.
-//
-// The factory accepts any go-redis client: *redis.Client (also a failover
-// client), *redis.ClusterClient, *redis.Ring or a redis.UniversalClient. On a
-// Ring, pub/sub reaches only one shard, so waiters whose channel or name
-// is on another shard are not notified and find the lock by their next
-// look instead (within their TTL, at most maxPoll).
+// A holder that cannot renew reports the lock lost (Done, Err, WithLock's
+// context) before Redis can free it. Redis replicates asynchronously, so a
+// failover can lose a lock: pass Holder.Token to the resource where that
+// matters. How it works, what is stored where, how fast a loss is noticed
+// and when exclusion holds:
+// https://github.com/ubgo/lock/blob/main/docs/guides/redislock.md
 package redislock
 
 import (
@@ -778,7 +740,8 @@ func holderInfo(tok, since, m string, msLeft int64, now time.Time) lock.HolderIn
 // and lock.ErrClosed), fails waiting and later Acquire calls with
 // lock.ErrClosed, and stops the factory's goroutines and pub/sub
 // connection; it waits for the cleanup of failed acquire attempts, each
-// bounded by min(TTL, 10s). It does not close the Redis client.
+// bounded by the TTL and by backend.ReleaseTimeout. It does not close the
+// Redis client.
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	if f.closed {

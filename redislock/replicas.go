@@ -21,8 +21,8 @@ type replicaAckKey struct{}
 
 // WithReplicaAck makes every write that takes or renews a lock wait until n
 // replicas of its primary acknowledged it (Redis WAIT, on the same
-// connection, for at most half of what the call has left and a third of
-// the TTL at most), and count only then: an Acquire returns once the lock
+// connection, for a bounded time that the guide's Options section gives),
+// and count only then: an Acquire returns once the lock
 // is on n replicas, and a holder's deadline moves only with renewals that
 // reached them. This narrows the window in which a failover to a replica
 // that missed the lock admits a second holder; it does not close it (a
