@@ -31,7 +31,7 @@ import (
 //
 // Break returns an error matching lock.ErrNotHeld when nothing holds name,
 // and lock.ErrInvalidName for a bad name. A semaphore with more holders
-// than the server's --max-txn-ops (128 by default) allows in one Txn
+// than the server's --max-txn-ops allows in one Txn
 // cannot be broken: the server's error is returned.
 func (f *Factory) Break(ctx context.Context, name string) error {
 	if err := lock.ValidateName(name); err != nil {

@@ -1,43 +1,14 @@
 // Package etcdlock is a lock backend on etcd v3: named mutexes and
-// semaphores whose fencing tokens are etcd revisions, strictly increasing
-// across the whole cluster.
+// semaphores, each holder a key on a lease, whose fencing tokens are etcd
+// revisions, strictly increasing across the whole cluster. Waiters are
+// served first come, first served, woken by a watch; a factory shares one
+// lease per TTL among its locks and renews it in the background, and a
+// holder that cannot renew is told of the loss before the server can free
+// its lock.
 //
-// Each holder (and each waiter) is one key under the name's directory,
-// attached to a lease. The first n keys of a name, in creation order, hold
-// its n permits; the rest wait, FIFO, and are woken by a watch. A lock's
-// token is the revision at which its key was created.
-//
-// A factory shares one lease per TTL among all its locks and keeps it alive
-// in the background while it is in use, the way an etcd session does,
-// independently of the contexts passed to Acquire. An uncontended acquire is
-// one transaction, a release another. See docs/guides/etcdlock.md for the
-// key layout, the timings and the failure modes.
-//
-// Unlike the family's general default, locks are renewed by default for a
-// bare Acquire too (WithAutoRenew(false) gives a lock a lease of its own
-// that only Extend renews).
-//
-// Guarantees, under the assumptions that the etcd cluster is healthy (a
-// quorum reachable, linearizable reads) and that the client's monotonic
-// clock runs at the server's rate to within 10% (the clocks need not
-// agree):
-//   - at most n holders of a name at any time, as long as every holder stops
-//     when its Done channel closes;
-//   - a holder that cannot renew its lease, whose lease is revoked, or whose
-//     key is deleted, sees Done close and Err match ErrLockLost, and a lease
-//     that stops being renewed is declared lost a margin before it can
-//     expire on the server; a lost lock is never re-acquired behind the
-//     holder's back;
-//   - Release deletes the holder's key only if it is still the key this
-//     holder created, so a late Release never frees a successor's lock.
-//
-// Shared mode (WithShared) orders readers and writers by revision too: a
-// reader's key waits for the exclusive keys created before it, a writer's
-// for every key before it, so readers that come after a waiting writer
-// wait behind it (writer preference), and tokens order both ways.
-//
-// The server must support KV, Txn with range comparisons, Lease and Watch:
-// etcd 3.3 or later.
+// The guide covers the options, the key layout, loss and its margins,
+// when exclusion holds, and the Fence and Ledger stores:
+// https://github.com/ubgo/lock/blob/main/docs/guides/etcdlock.md
 package etcdlock
 
 import (

@@ -36,10 +36,9 @@ func WithWaitTimeout(d time.Duration) Option { return lock.WithWaitTimeout(d) }
 
 // WithTTL sets the lease length: how long the locks of a process that died
 // (or lost touch with etcd) stay held. etcd leases count whole seconds, so d
-// must be a whole number of seconds, at least 1s; anything else is an error
+// must be a positive whole number of seconds; anything else is an error
 // matching lock.ErrInvalidOption. A server whose minimum lease is longer
-// (1.5 × its election timeout, rounded up: 2s by default) grants its minimum
-// instead. Default DefaultTTL.
+// grants its minimum instead (see the guide). Default DefaultTTL.
 func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 
 // WithKeyPrefix puts every key under prefix; a '/' is appended if prefix does

@@ -1,56 +1,20 @@
 // Package gocronlock runs gocron v2 jobs once across replicas, on any lock
-// backend of the family (or any lock.Locker).
+// backend of the family (or any lock.Locker): New is a gocron.Locker that
+// keeps a run's lock until the job's next tick, so replicas whose timers
+// fire apart do not run the same interval twice, and NewElector a
+// gocron.Elector for schedulers where one replica runs every job.
 //
 //	locks := redislock.NewFactory(rdb, redislock.WithTTL(10*time.Minute))
 //	s, err := gocron.NewScheduler(
 //		gocron.WithDistributedLocker(gocronlock.New(locks.AsLocker())),
 //	)
 //
-// gocron calls Locker.Lock(j.ctx, jobName) on every replica when a job's
-// timer fires and runs the job only where Lock succeeds; it calls Unlock
-// when the run ends. What this package adds to a bare lock:
-//
-//   - Timer skew. Replicas' timers fire at different moments: cron times a
-//     little apart, a gocron.DurationJob anywhere in its interval (its phase
-//     is set by each scheduler's start, so replicas deployed seconds apart
-//     tick seconds apart). A short job whose lock was released when it
-//     ended would let every other replica run the same interval again. So
-//     the Locker keeps a run's job lock, in the background, until the
-//     job's next Lock in this process, which takes it again: the first
-//     replica to run a job keeps running it, once per interval, and the
-//     others' timers, wherever they fall, find the lock taken. When the job
-//     ends (gocron cancels its context: the job is removed or updated, the
-//     scheduler stops), the lock is kept until the tick that will not come
-//     (the latest Lock plus the gap between the two latest), so the replica
-//     that takes over does not repeat that interval. The lock is never
-//     released before WithMinHold after Lock (default 500ms). Scheduled
-//     ticks can also be locked by name (WithTickResolution).
-//   - Long jobs. The lock is held for as long as the job runs: the holders
-//     of the family's AsLocker renew their leases themselves, and
-//     WithExtendEvery renews holders that do not. A job learns that its lock
-//     was lost through JobContext.
-//   - Unlock works with the cancelled context gocron hands it at shutdown:
-//     releases never depend on the caller's context.
-//   - Names. A job without gocron.WithName is named after its function,
-//     which two jobs can share; Lock rejects such names with ErrUnnamedJob
-//     instead of letting the jobs silently share a lock.
-//   - A bounded Lock. gocron calls Lock synchronously, with a job context
-//     that has no deadline, and schedules the next run only once it
-//     returns; every Lock gives up after WithLockTimeout (default 5s), so
-//     a backend outage does not stall the job until it ends.
-//   - Errors. Lock's error matches lock.ErrLocked (and ErrLocked) when
-//     another replica has the run, and does not when the backend failed, so
-//     a gocron.AfterLockError listener can tell the two apart.
-//
-// Elector implements gocron.Elector on the same backends, for schedulers
-// where one replica runs every job.
-//
-// Exclusion holds under the backend's own assumptions (see its guide) and
-// while the replica that runs a job lives. When it dies its lock frees as
-// the backend notices (a lease's TTL, at once for a Postgres session), and
-// the replica that takes over may repeat the interval the dead one ran;
-// pair the job with the holder's fencing token (JobHolder(ctx).Token())
-// where a duplicate would do harm.
+// A job learns of a lost lock through JobContext and reads its fencing token
+// through JobHolder; Lock rejects job names gocron made from a function
+// name (ErrUnnamedJob), and its errors tell contention (ErrLocked) from a
+// failing backend. The guide covers timer skew, long jobs, names, errors
+// and when exclusion holds:
+// https://github.com/ubgo/lock/blob/main/docs/guides/gocronlock.md
 package gocronlock
 
 import (

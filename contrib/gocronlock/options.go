@@ -89,17 +89,17 @@ func (c *config) log() *slog.Logger {
 
 // WithKeyPrefix sets what goes in front of every lock name the Locker or
 // Elector asks its lock.Locker for, so that gocron's locks do not meet the
-// application's own locks of the same name. Default: "gocron:". The empty
-// prefix is allowed.
+// application's own locks of the same name. Default DefaultKeyPrefix. The
+// empty prefix is allowed.
 func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
 // WithMinHold makes the Locker keep a run's job lock at least until d has
 // passed since Lock, even when the job finished sooner. The release happens
 // in the background, so gocron is not held up. Runs under gocron keep the
-// lock longer anyway, until the job's next tick (see the package doc); the
+// lock longer anyway, until the job's next tick (see the guide); the
 // minimum bounds the hold of a job that ended after one tick, and of a Lock
 // whose context never ends (context.Background). 0 sets no minimum.
-// Default: 500ms.
+// Default DefaultMinHold.
 func WithMinHold(d time.Duration) Option {
 	return nonNegative("WithMinHold", d, func(c *config) *time.Duration { return &c.minHold })
 }
@@ -135,8 +135,8 @@ func WithAllowFuncNames() Option { return func(c *config) { c.anyName = true } }
 
 // WithRetryInterval sets how long an Elector waits between campaigns when
 // the lock is taken or the backend fails, and after losing leadership.
-// Default: 1s. A lock.Locker built with WithWait needs no polling: its
-// Acquire returns as soon as the lock is free.
+// Default DefaultRetryInterval. A lock.Locker built with WithWait needs no
+// polling: its Acquire returns as soon as the lock is free.
 func WithRetryInterval(d time.Duration) Option {
 	return positive("WithRetryInterval", d, func(c *config) *time.Duration { return &c.retry })
 }
@@ -144,7 +144,8 @@ func WithRetryInterval(d time.Duration) Option {
 // WithTakeoverDelay makes an Elector that has just won the lock wait d
 // before IsLeader reports it leader, so that a tick the previous leader ran
 // just before losing is not run again by a new leader whose timer fires up
-// to d later. 0 makes the winner leader at once. Default: 500ms.
+// to d later. 0 makes the winner leader at once. Default
+// DefaultTakeoverDelay.
 func WithTakeoverDelay(d time.Duration) Option {
 	return nonNegative("WithTakeoverDelay", d, func(c *config) *time.Duration { return &c.takeover })
 }
@@ -156,8 +157,8 @@ func WithTakeoverDelay(d time.Duration) Option {
 // so a backend that does not answer would otherwise hold the job for the
 // whole outage and run a stale tick when it came back. A Lock that runs out
 // fails with an error that matches context.DeadlineExceeded and not
-// lock.ErrLocked. d must be positive. Default: 5s. It does not apply to an
-// Elector, whose campaign waits on purpose.
+// lock.ErrLocked. d must be positive. Default DefaultLockTimeout. It does
+// not apply to an Elector, whose campaign waits on purpose.
 func WithLockTimeout(d time.Duration) Option {
 	return positive("WithLockTimeout", d, func(c *config) *time.Duration { return &c.lockTimeout })
 }
