@@ -28,8 +28,9 @@ const (
 // WithLeadRetry sets how long a follower waits between two campaigns, and
 // how long a replica that stepped down waits before it campaigns again.
 // Default DefaultLeadRetry. With the backend's loss detection it bounds how long a name
-// stays leaderless after its leader dies. Each wait is drawn between 80% and
-// 100% of d so that followers started together do not campaign in step.
+// stays leaderless after its leader dies. Each wait is jittered below d so
+// that followers started together do not campaign in step (see
+// https://github.com/ubgo/lock/blob/main/docs/design/patterns.md).
 func WithLeadRetry(d time.Duration) LeadOption {
 	return func(c *leadConfig) {
 		if d <= 0 {

@@ -106,8 +106,8 @@ func WithMinHold(d time.Duration) Option {
 
 // WithTickResolution makes the Locker also take a lock per scheduled run,
 // named prefix + job name + "@" + the Lock time rounded to d (RFC 3339, UTC),
-// and keep it until 2×d after Lock. Replicas whose timers fire within d/2
-// of a tick that is a multiple of d share that lock, so only the first
+// and keep it for a while after Lock (the guide's Tick locks). Replicas
+// whose timers round to the same tick share that lock, so only the first
 // runs the tick, however soon it finishes. d must not exceed the job's
 // interval, and the job's times should fall on multiples of d (cron jobs
 // do at d = 1s; give duration jobs gocron.WithStartAt). 0 turns tick locks
