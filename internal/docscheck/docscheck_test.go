@@ -112,7 +112,9 @@ func TestOptionsTableCatches(t *testing.T) {
 		"| `WithDir(dir)` | `DefaultDir()` | refused |\n" + // 10: refused for a shared option
 		"| `WithReplicaAck(n)` | refused | off |\n" + // 11: right
 		"| `WithSweepAfter(d)` | `DefaultCheckInterval` = 1s | refused |\n" + // 12: right cell, wrong constant cited is allowed
-		"| nothing here | · | · |\n" // 13: no option
+		"| nothing here | · | · |\n" + // 13: no option
+		"| `WithStaleAfter(d)` | as `WithTTL` | refused |\n" + // 14: right, then wrong: it is lock.WithTTL
+		"| `WithCheckInterval(d)` | `DefaultCheckInterval` = 1s | as `WithTTL` |\n" // 15: not an alias
 	if err := os.MkdirAll(filepath.Join(dir, "docs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +133,9 @@ func TestOptionsTableCatches(t *testing.T) {
 		9:  {"· is a shared option ignored, but lock has no WithSchema"},
 		10: {"lock.WithDir is shared: redislock accepts and ignores it"},
 		13: {"names no option"},
-		0:  {"flock.WithCheckInterval has no row", "redislock.WithShared has no row"},
+		14: {"WithStaleAfter is lock.WithTTL under another name"},
+		15: {"no package defines WithCheckInterval as lock.WithTTL"},
+		0:  {"redislock.WithShared has no row"},
 	}
 	for line, msgs := range want {
 		for _, msg := range msgs {

@@ -23,6 +23,8 @@ const OptionsDoc = "docs/options.md"
 //	·          a shared option the package accepts and ignores: the package
 //	           does not have it, the root package does
 //	refused    another package's own option, which the package refuses
+//	as `WithX` another package's name for the shared lock.WithX, which the
+//	           package takes as that
 //	anything   the package has the option; a default it states is written
 //	           `DefaultXxx` = value, and checked against that constant
 //
@@ -119,6 +121,30 @@ func isOption(fn string, d *ast.FuncDecl) bool {
 	return ok && strings.HasSuffix(id.Name, "Option")
 }
 
+// returnsRoot returns X when d's body is "return lock.X(...)": the option
+// is the shared lock.X under another name.
+func returnsRoot(d *ast.FuncDecl) string {
+	if d.Body == nil || len(d.Body.List) != 1 {
+		return ""
+	}
+	r, ok := d.Body.List[0].(*ast.ReturnStmt)
+	if !ok || len(r.Results) != 1 {
+		return ""
+	}
+	c, ok := r.Results[0].(*ast.CallExpr)
+	if !ok {
+		return ""
+	}
+	sel, ok := c.Fun.(*ast.SelectorExpr)
+	if !ok {
+		return ""
+	}
+	if x, ok := sel.X.(*ast.Ident); !ok || x.Name != "lock" {
+		return ""
+	}
+	return sel.Sel.Name
+}
+
 func checkCell(pkgs map[string]*Package, name, opt, cell string) []string {
 	p, root := pkgs[name], pkgs["lock"]
 	has := p.Funcs[opt] != nil
@@ -132,12 +158,28 @@ func checkCell(pkgs map[string]*Package, name, opt, cell string) []string {
 			return []string{fmt.Sprintf("· is a shared option ignored, but lock has no %s", opt)}
 		}
 		return nil
+	case strings.HasPrefix(cell, "as `"):
+		alias := optionRE.FindString(cell)
+		if has || alias == "" || root == nil || root.Funcs[alias] == nil {
+			return []string{fmt.Sprintf("%q: an alias cell names a shared option lock.WithXxx, for a package that lacks %s", cell, opt)}
+		}
+		for _, q := range pkgs {
+			if d := q.Funcs[opt]; d != nil && returnsRoot(d) == alias {
+				return nil
+			}
+		}
+		return []string{fmt.Sprintf("no package defines %s as lock.%s", opt, alias)}
 	case strings.HasPrefix(cell, "refused"):
 		if has {
 			return []string{fmt.Sprintf("%s has %s: it does not refuse it", name, opt)}
 		}
 		if shared {
 			return []string{fmt.Sprintf("lock.%s is shared: %s accepts and ignores it (·)", opt, name)}
+		}
+		for _, q := range pkgs {
+			if d := q.Funcs[opt]; d != nil && returnsRoot(d) != "" {
+				return []string{fmt.Sprintf("%s is lock.%s under another name: %s takes it (as `%[2]s`)", opt, returnsRoot(d), name)}
+			}
 		}
 		return nil
 	}
