@@ -48,7 +48,8 @@
 //  5. The options tables of docs/options.md match the code (options.go
 //     has the cell grammar): a row per option of every package that is a
 //     column, a cell for an option the package lacks only as "·" (a shared
-//     option it ignores) or "refused" (another backend's own), and every
+//     option it ignores), "as `WithX`" (another backend's name for the
+//     shared lock.WithX) or "refused" (another backend's own), and every
 //     default stated as `DefaultXxx` = value with the constant's value. A
 //     number that is no Default, Min or Max constant of the package fails,
 //     and so does a Default<Option> constant the cell does not cite.
