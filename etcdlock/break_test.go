@@ -38,20 +38,7 @@ func TestBreakMutex(t *testing.T) {
 		}
 		got <- w
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		info, err := op.Inspect(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Waiting == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the waiter did not queue: %+v", info)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitWaiting(t, op, name, 1)
 
 	if err := op.Break(ctx, name); err != nil {
 		t.Fatalf("Break: %v", err)
@@ -111,13 +98,7 @@ func TestBreakSemaphore(t *testing.T) {
 			close(got)
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for info, _ := f.Inspect(ctx, name); info.Waiting != 1; info, _ = f.Inspect(ctx, name) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the waiter did not queue: %+v", info)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitWaiting(t, f, name, 1)
 	if err := factory(t, cli, opts...).Break(ctx, name); err != nil {
 		t.Fatalf("Break: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/etcdlock"
 	"github.com/ubgo/lock/internal/testenv"
 )
@@ -74,5 +75,22 @@ func waitClosed(t testing.TB, ch <-chan struct{}, d time.Duration, what string) 
 	case <-ch:
 	case <-time.After(d):
 		t.Fatalf("%s: not within %v", what, d)
+	}
+}
+
+// waitWaiting polls Inspect until n Acquires wait for name, failing after
+// 30s or on an Inspect error, and returns what Inspect last said.
+func waitWaiting(t testing.TB, f *etcdlock.Factory, name string, n int) lock.Info {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	for {
+		info, err := f.Inspect(ctx, name)
+		if err != nil {
+			t.Fatalf("waiting for %d waiters on %q: %v (last %+v)", n, name, err, info)
+		}
+		if info.Waiting == n {
+			return info
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -31,22 +31,8 @@ func TestInspectShared(t *testing.T) {
 		}
 		got <- err
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		info, err := f.Inspect(ctx, "schema")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Waiting == 1 {
-			if len(info.Holders) != 2 || info.Holders[0].Owner != "r1" || info.Holders[1].Owner != "r2" || info.Limit != 1 {
-				t.Fatalf("Inspect with two readers and a waiting writer = %+v", info)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the writer not waiting after 30s: %+v", info)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if info := waitWaiting(t, f, "schema", 1); len(info.Holders) != 2 || info.Holders[0].Owner != "r1" || info.Holders[1].Owner != "r2" || info.Limit != 1 {
+		t.Fatalf("Inspect with two readers and a waiting writer = %+v", info)
 	}
 	r1.Release()
 	r2.Release()

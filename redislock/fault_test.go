@@ -269,12 +269,7 @@ func TestSIGKILLSharedHolder(t *testing.T) {
 		h, err := f.Acquire(ctx, name, WithWait())
 		wc <- got{h, err}
 	}()
-	for f.hub.waiting(keysFor(testPrefix, name).channel) == 0 {
-		if ctx.Err() != nil {
-			t.Fatal("the writer did not join the queue in 30s")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitJoined(t, f, name, 1)
 	if _, err := f.Acquire(ctxT(t), name, WithShared()); !errors.Is(err, ErrLocked) {
 		t.Fatalf("a new reader while the writer waits: %v; want ErrLocked", err)
 	}
@@ -651,19 +646,13 @@ func TestSIGKILLWaitingWriter(t *testing.T) {
 	if l := c.line(); l != "waiting" {
 		t.Fatalf("child said %q", l)
 	}
-	for {
+	waitFor(t, 30*time.Second, "the child writer queued", func() bool {
 		info, err := f.Inspect(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.Waiting == 1 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the child writer did not queue in 30s")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return info.Waiting == 1
+	})
 	if _, err := f.Acquire(ctx, name, WithShared()); !errors.Is(err, ErrLocked) {
 		t.Fatalf("a reader while the child writer waits: %v; want ErrLocked", err)
 	}

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,13 +14,9 @@ import (
 // (or, for readers, waits on its channel).
 func waitJoined(t *testing.T, f *Factory, name string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for f.hub.waiting(keysFor(testPrefix, name).channel) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters on %q after 30s, want %d", f.hub.waiting(keysFor(testPrefix, name).channel), name, n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d waiters on %q", n, name), func() bool {
+		return f.hub.waiting(keysFor(testPrefix, name).channel) >= n
+	})
 }
 
 // Inspect and List of a name held shared show its readers as holders (in
