@@ -177,8 +177,10 @@ func checkCell(pkgs map[string]*Package, name, opt, cell string) []string {
 			return []string{fmt.Sprintf("lock.%s is shared: %s accepts and ignores it (·)", opt, name)}
 		}
 		for _, q := range pkgs {
-			if d := q.Funcs[opt]; d != nil && returnsRoot(d) != "" {
-				return []string{fmt.Sprintf("%s is lock.%s under another name: %s takes it (as `%[2]s`)", opt, returnsRoot(d), name)}
+			if d := q.Funcs[opt]; d != nil {
+				if alias := returnsRoot(d); alias != "" {
+					return []string{fmt.Sprintf("%s is lock.%s under another name: %s takes it (as `%[2]s`)", opt, alias, name)}
+				}
 			}
 		}
 		return nil
