@@ -137,13 +137,7 @@ func TestOptionsTableCatches(t *testing.T) {
 		15: {"no package defines WithCheckInterval as lock.WithTTL"},
 		0:  {"redislock.WithShared has no row"},
 	}
-	for line, msgs := range want {
-		for _, msg := range msgs {
-			if !containsMsg(got[line], msg) {
-				t.Errorf("line %d: want a problem %q, got %q", line, msg, got[line])
-			}
-		}
-	}
+	wantProblems(t, got, want)
 	for _, line := range []int{11, 12} {
 		if len(got[line]) > 0 {
 			t.Errorf("line %d: unexpected problems %q", line, got[line])
@@ -229,13 +223,7 @@ func TestCatches(t *testing.T) {
 		29: {"does not parse"},
 		36: {"not followed by a code block"},
 	}
-	for line, msgs := range want {
-		for _, msg := range msgs {
-			if !containsMsg(got[line], msg) {
-				t.Errorf("line %d: want a problem %q, got %q", line, msg, got[line])
-			}
-		}
-	}
+	wantProblems(t, got, want)
 	for line, msgs := range got {
 		if _, ok := want[line]; !ok {
 			t.Errorf("line %d: unexpected problems %q", line, msgs)
@@ -258,6 +246,19 @@ func TestCatches(t *testing.T) {
 	// is not, in a whole file.
 	if !containsMsg(got[10], "NoSuchMethod") || !containsMsg(got[42], "declared and not used") || len(got) != 2 {
 		t.Errorf("compile problems: want one at line 10 naming NoSuchMethod and one at 42, got %v", got)
+	}
+}
+
+// wantProblems reports each wanted message that the problems at its line
+// do not contain.
+func wantProblems(t *testing.T, got, want map[int][]string) {
+	t.Helper()
+	for line, msgs := range want {
+		for _, msg := range msgs {
+			if !containsMsg(got[line], msg) {
+				t.Errorf("line %d: want a problem %q, got %q", line, msg, got[line])
+			}
+		}
 	}
 }
 
