@@ -136,7 +136,9 @@ func analyse(r *run) *report {
 				case e.Err == "":
 				case e.Canceled:
 					rep.canceled++
-					if !e.Locked && !e.Pre {
+					// A wait whose backend failed under it returns that
+					// failure, not ErrLocked (an outage is not contention).
+					if !e.Locked && !e.Pre && !r.outageDuring(e.T0, e.T1) {
 						rep.violate("cancel", "client %d: a cancelled wait returned %q, which does not match ErrLocked", id, e.Err)
 					}
 					continue
@@ -619,4 +621,15 @@ func (rep *report) faultList() string {
 		total += rep.faults[k]
 	}
 	return fmt.Sprintf("%d: %s", total, strings.Join(parts, ", "))
+}
+
+// outageDuring reports whether a fault of the whole service (a restart, or
+// the proxy dropping or stalling every connection) overlapped [t0, t1].
+func (r *run) outageDuring(t0, t1 int64) bool {
+	for _, f := range r.faults {
+		if (f.kind == fRestart || f.kind == fDrop || f.kind == fStall) && !f.skipped && f.start <= t1 && f.end >= t0 {
+			return true
+		}
+	}
+	return false
 }
