@@ -25,6 +25,7 @@ func (s *suite) shared(t *testing.T) {
 	t.Run("HandOff", s.sharedHandOff)
 	t.Run("ReaderStream", s.sharedReaderStream)
 	t.Run("Exclusion", s.sharedExclusion)
+	t.Run("Kinds", s.sharedKinds)
 }
 
 // mustBeInvalid fails t unless acquiring name through l is refused with
@@ -422,5 +423,49 @@ func (s *suite) sharedExclusion(t *testing.T) {
 	defer mu.Unlock()
 	if len(errs) > 0 {
 		t.Fatalf("shared exclusion violated:\n%s", strings.Join(errs, "\n"))
+	}
+}
+
+// sharedKinds: a name held one way — a mutex, shared, a semaphore — and
+// asked for another way by a second client, in every order. Between a
+// mutex and readers that is contention (ErrLocked); a semaphore beside
+// either is a limit that disagrees (ErrLimitMismatch), whichever came
+// first. The refused asker leaves nothing behind: once the holder
+// releases, it gets the name.
+func (s *suite) sharedKinds(t *testing.T) {
+	type kind struct {
+		name    string
+		claimed bool
+		opts    []lock.Option
+	}
+	kinds := []kind{
+		{"Mutex", true, nil},
+		{"Shared", s.Shared, []lock.Option{lock.WithShared()}},
+		{"Semaphore", s.Semaphore, []lock.Option{lock.WithMaxConcurrent(3)}},
+	}
+	for _, held := range kinds {
+		for _, asker := range kinds {
+			if held.name == asker.name {
+				continue
+			}
+			t.Run(held.name+"Then"+asker.name, func(t *testing.T) {
+				if !held.claimed || !asker.claimed {
+					t.Skip("backend does not claim both kinds")
+				}
+				name := s.name(t, "x")
+				h := s.mustAcquire(t, s.New(t, held.opts...), name)
+				l := s.New(t, asker.opts...)
+				if held.name != "Semaphore" && asker.name != "Semaphore" {
+					s.mustBeLocked(t, l, name)
+				} else if w, err := l.Acquire(ctxT(t), name); err == nil {
+					w.Release()
+					t.Fatalf("holding %q as %s, Acquire as %s succeeded; want ErrLimitMismatch", name, held.name, asker.name)
+				} else if !errors.Is(err, lock.ErrLimitMismatch) || errors.Is(err, lock.ErrLocked) {
+					t.Fatalf("holding %q as %s, Acquire as %s = %v; want ErrLimitMismatch, not ErrLocked", name, held.name, asker.name, err)
+				}
+				s.mustRelease(t, h)
+				s.mustRelease(t, s.mustAcquire(t, l, name))
+			})
+		}
 	}
 }

@@ -520,6 +520,8 @@ func (f *Factory) mutexResult(sc *sessionConn, e *entry, pub bool, tok int64, pi
 		return tok, nil
 	case tok == -1:
 		return 0, ErrLocked
+	case tok == -2 && shared:
+		return 0, fmt.Errorf("pglock: %w: %q is held as a semaphore, caller asked for it shared", lock.ErrLimitMismatch, e.name)
 	case tok == -2:
 		return 0, fmt.Errorf("pglock: %w: %q is held as a semaphore, caller asked for a mutex", lock.ErrLimitMismatch, e.name)
 	}
@@ -577,6 +579,8 @@ func (f *Factory) trySemaphore(sc *sessionConn, e *entry, o *lock.Options, pub b
 			return 0, 0, 0, fmt.Errorf("%w: %q and the stored name of its limits row", ErrKeyCollision, e.name)
 		case 4:
 			return 0, 0, 0, fmt.Errorf("pglock: %w: %q is held as a mutex, caller asked for limit %d", lock.ErrLimitMismatch, e.name, limit)
+		case 5:
+			return 0, 0, 0, fmt.Errorf("pglock: %w: %q is held shared, caller asked for limit %d", lock.ErrLimitMismatch, e.name, limit)
 		}
 		// status 2: the stored limit differs. It may change only while
 		// nobody holds the name, and never under this factory's own holders.

@@ -149,7 +149,7 @@ func newStatements(schema string) *statements {
 			AND to_regprocedure(` + lit(q("pglock_token_v1")+"()") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_rebase_v1")+"()") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_key")+"(text,text,text,integer)") + `) IS NOT NULL
-			AND to_regprocedure(` + lit(q("pglock_sem_acquire_v2")+"(bigint[],integer[],bigint,boolean,bigint,bigint,integer,text,text,boolean,text,jsonb)") + `) IS NOT NULL
+			AND to_regprocedure(` + lit(q("pglock_sem_acquire_v3")+"(bigint[],integer[],bigint,boolean,bigint,bigint,integer,text,text,boolean,text,jsonb)") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_sem_release_v1")+"(bigint,bigint,boolean,bigint,text,bigint)") + `) IS NOT NULL
 			AND to_regprocedure(` + lit(q("pglock_relimit_v1")+"(bigint[],bigint,integer,text,text)") + `) IS NOT NULL`,
 
@@ -181,7 +181,7 @@ func newStatements(schema string) *statements {
 		sharedReleasePub: `WITH d AS (DELETE FROM ` + q("pglock_holders") + ` WHERE key = $1::int8 AND token = $3::int8)
 			SELECT CASE WHEN pg_advisory_unlock_shared($1::int8) THEN ` + notify + ` ELSE 0 END, pg_backend_pid()`,
 
-		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v2") + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		semAcquire:   `SELECT slot, token, stored, pid, status FROM ` + q("pglock_sem_acquire_v3") + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		semRelease:   `SELECT ok, pid FROM ` + q("pglock_sem_release_v1") + `($1, $2, $3, $4, $5, $6)`,
 		relimit:      `SELECT ` + q("pglock_relimit_v1") + `($1, $2, $3, $4, $5), pg_backend_pid()`,
 		inspectLimit: `SELECT lim, ns, name FROM ` + q("pglock_limits") + ` WHERE key = $1`,
@@ -239,7 +239,7 @@ func SetupSQL(schema string) string {
 		"@limits@", q("pglock_limits"),
 		"@holders@", q("pglock_holders"),
 		"@key@", q("pglock_key"),
-		"@semacq@", q("pglock_sem_acquire_v2"),
+		"@semacq@", q("pglock_sem_acquire_v3"),
 		"@semrel@", q("pglock_sem_release_v1"),
 		"@relimit@", q("pglock_relimit_v1"),
 		"@chan@", notifyChannel,
@@ -337,8 +337,8 @@ END
 $pglock$;
 
 -- status: 0 taken (token: the counter value), 1 busy, 2 limit mismatch (stored = the limit in force), 3 the limits row belongs
--- to another name (key collision), 4 the mutex of the name is held. With p_pub, a permit taken is
--- written to the holders table with p_owner and p_meta.
+-- to another name (key collision), 4 the mutex of the name is held, 5 the name is held shared (WithShared).
+-- With p_pub, a permit taken is written to the holders table with p_owner and p_meta.
 CREATE OR REPLACE FUNCTION @semacq@(
 	p_keys bigint[], p_slots integer[], p_mark bigint, p_take_mark boolean,
 	p_mutex bigint, p_limkey bigint, p_lim integer, p_ns text, p_name text,
@@ -349,17 +349,33 @@ DECLARE
 	i integer;
 	k bigint;
 	r record;
+	held text;
 BEGIN
 	pid := pg_backend_pid();
-	-- Own marker first, then the check for a mutex holder of the name: of
-	-- a mutex and a semaphore acquiring at once, at least one sees the other.
+	-- Own marker first, then the check for a mutex holder or a reader
+	-- (WithShared) of the name: of either and a semaphore acquiring at
+	-- once, at least one sees the other. The check takes the mutex key
+	-- exclusive and gives it back in the same expression (a transaction
+	-- lock would outlive the marker, given back below on failure). Readers'
+	-- shared holds fail the try too; so, rarely, does another session's
+	-- check at the same moment, told apart in pg_locks by the marker it
+	-- holds shared (asked only when the try fails; a prepared transaction's
+	-- pid is NULL).
 	IF p_take_mark THEN
 		PERFORM pg_advisory_lock_shared(p_mark);
 	END IF;
-	IF NOT pg_try_advisory_xact_lock_shared(p_mutex) THEN
-		IF p_take_mark THEN PERFORM pg_advisory_unlock_shared(p_mark); END IF;
-		status := 4;
-		RETURN;
+	IF NOT (CASE WHEN pg_try_advisory_lock(p_mutex) THEN pg_advisory_unlock(p_mutex) ELSE false END) THEN
+		WITH l AS (SELECT l.pid, l.mode, (l.classid::int8 << 32) | l.objid::int8 AS key FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+		SELECT min(h.mode) INTO held FROM l h
+		WHERE h.key = p_mutex AND h.pid IS DISTINCT FROM pg_backend_pid()
+			AND NOT EXISTS (SELECT 1 FROM l g WHERE g.pid = h.pid AND g.key = p_mark AND g.mode = 'ShareLock');
+		IF held IS NOT NULL THEN
+			IF p_take_mark THEN PERFORM pg_advisory_unlock_shared(p_mark); END IF;
+			status := CASE held WHEN 'ShareLock' THEN 5 ELSE 4 END;
+			RETURN;
+		END IF;
 	END IF;
 	-- Without the right limit stored, touch no permit: a transient hold
 	-- would make a concurrent limit change fail.
