@@ -50,6 +50,7 @@ func (e exclusion) String() string {
 const (
 	fKill      = "kill"      // SIGKILL of a holder
 	fStop      = "stop"      // SIGSTOP of a holder, SIGCONT after stopFor
+	fStopWait  = "stopwait"  // SIGSTOP of a waiting client, SIGCONT after stopFor
 	fCancel    = "cancel"    // a waiter's Acquire ctx cancelled
 	fRestart   = "restart"   // server killed and started again
 	fDrop      = "drop"      // every client connection reset by the proxy
@@ -64,9 +65,16 @@ type backendDef struct {
 	ttl   time.Duration // lease length; 0: none
 	// recover is the bound the backend documents from the end of a fault
 	// to the moment a waiting contender can have the lock.
-	recover   time.Duration
-	faults    []string
-	stopFor   time.Duration // how long a SIGSTOP lasts
+	recover time.Duration
+	faults  []string
+	stopFor time.Duration // how long a SIGSTOP lasts
+	// queueSeen: the backend's Inspect counts the waiters queued in its
+	// store (lock.Info.Waiting), so a test can wait for a waiter's place.
+	queueSeen bool
+	// guarded: a process stopped inside the name's guard (a flock(2) on a
+	// file of the run's CHAOS_DIR) blocks the name until it continues, as
+	// the backend's guide says (filelock).
+	guarded   bool
 	stallFor  time.Duration // how long a proxy stall lasts
 	inProcess bool          // clients are goroutines (memlock: no other way)
 	// shared says the backend honours lock.WithShared: it also runs the
@@ -85,11 +93,16 @@ type backendDef struct {
 }
 
 // newLocker returns a Locker of one client's factory with opts over the
-// client's own (waiting).
+// client's own (waiting). The Locker is also the factory's lock.Inspector.
 type newLocker func(opts ...lock.Option) lock.Locker
 
-func lockers(as func(...lock.Option) lock.Locker, base ...lock.Option) newLocker {
-	return func(opts ...lock.Option) lock.Locker { return as(slices.Concat(base, opts)...) }
+type inspectLocker struct {
+	lock.Locker
+	lock.Inspector
+}
+
+func lockers(as func(...lock.Option) lock.Locker, in lock.Inspector, base ...lock.Option) newLocker {
+	return func(opts ...lock.Option) lock.Locker { return inspectLocker{as(slices.Concat(base, opts)...), in} }
 }
 
 // sharedLocker is the readers' Locker of a client of b: nil unless b runs
@@ -136,7 +149,7 @@ func backends() []*backendDef {
 			// "the kernel frees the lock at once; a waiter in another
 			// process is woken by inotify"
 			recover: 0,
-			faults:  []string{fKill, fKill, fStop, fCancel, fCancel},
+			faults:  []string{fKill, fKill, fStop, fStopWait, fCancel, fCancel},
 			stopFor: 500 * time.Millisecond,
 			setup: func(r *run) error {
 				r.env = append(r.env, "CHAOS_DIR="+r.mkdir("flock"))
@@ -144,15 +157,15 @@ func backends() []*backendDef {
 			},
 			client: func(getenv func(string) string) (newLocker, func(), error) {
 				f := flock.NewFactory(flock.WithDir(getenv("CHAOS_DIR")), flock.WithLogger(nil))
-				return lockers(f.AsLocker, flock.WithWait()), func() { f.Close() }, nil
+				return lockers(f.AsLocker, f, flock.WithWait()), func() { f.Close() }, nil
 			},
 		},
 		{
-			name: "filelock", class: leaseExclusion, ttl: time.Second, shared: true,
+			name: "filelock", class: leaseExclusion, ttl: time.Second, shared: true, guarded: true,
 			// killed holder: reclaimed at once by the probe, waiters poll
 			// (≤250ms); stopped holder: its lease (the stale window).
 			recover: time.Second,
-			faults:  []string{fKill, fKill, fStop, fStop, fCancel},
+			faults:  []string{fKill, fKill, fStop, fStop, fStopWait, fCancel},
 			stopFor: 1600 * time.Millisecond,
 			setup: func(r *run) error {
 				r.env = append(r.env, "CHAOS_DIR="+r.mkdir("filelock"), "CHAOS_TTL="+r.b.ttl.String())
@@ -160,7 +173,7 @@ func backends() []*backendDef {
 			},
 			client: func(getenv func(string) string) (newLocker, func(), error) {
 				f := filelock.NewFactory(filelock.WithDir(getenv("CHAOS_DIR")), filelock.WithTTL(durEnv(getenv, "CHAOS_TTL")), filelock.WithLogger(nil))
-				return lockers(f.AsLocker, filelock.WithWait()), func() { f.Close() }, nil
+				return lockers(f.AsLocker, f, filelock.WithWait()), func() { f.Close() }, nil
 			},
 		},
 		pgDef(),
@@ -173,7 +186,7 @@ func backends() []*backendDef {
 			setup: func(r *run) error {
 				f := memlock.NewFactory(memlock.WithLogger(nil))
 				r.t.Cleanup(func() { f.Close() })
-				r.inproc = func() (newLocker, func(), error) { return lockers(f.AsLocker, memlock.WithWait()), func() {}, nil }
+				r.inproc = func() (newLocker, func(), error) { return lockers(f.AsLocker, f, memlock.WithWait()), func() {}, nil }
 				r.custom[fLoss] = func() fault {
 					t := now()
 					n := f.ForceLoss(r.name)
@@ -200,7 +213,7 @@ func pgDef() *backendDef {
 		// within WithPollInterval; a stalled session is noticed within
 		// WithHealthInterval + WithStatementTimeout and then closed.
 		recover:  pgHealth + pgStatement + pgPoll,
-		faults:   []string{fKill, fStop, fCancel, fTerminate, fTerminate, fDrop, fStall},
+		faults:   []string{fKill, fStop, fStopWait, fCancel, fTerminate, fTerminate, fDrop, fStall},
 		stopFor:  500 * time.Millisecond,
 		stallFor: 1500 * time.Millisecond,
 		setup: func(r *run) error {
@@ -276,19 +289,19 @@ func pgDef() *backendDef {
 			f := pglock.NewFactory(pool, pglock.WithKeyPrefix(getenv("CHAOS_PREFIX")), pglock.WithApplicationName(getenv("CHAOS_APP")),
 				pglock.WithHealthInterval(pgHealth), pglock.WithStatementTimeout(pgStatement), pglock.WithPollInterval(pgPoll),
 				pglock.WithConnectTimeout(2*time.Second), pglock.WithLogger(nil))
-			return lockers(f.AsLocker, pglock.WithWait()), func() { f.Close(); pool.Close() }, nil
+			return lockers(f.AsLocker, f, pglock.WithWait()), func() { f.Close(); pool.Close() }, nil
 		},
 	}
 }
 
 func redisDef() *backendDef {
 	return &backendDef{
-		name: "redislock", class: leaseExclusion, ttl: time.Second, shared: true,
+		name: "redislock", class: leaseExclusion, ttl: time.Second, shared: true, queueSeen: true,
 		// "Process killed: its locks are freed when their keys expire,
 		// within one TTL; waiters notice within the lease they were told
 		// about." After a restart or a partition the same TTL bounds it.
 		recover:  time.Second,
-		faults:   []string{fKill, fStop, fCancel, fRestart, fDrop, fStall},
+		faults:   []string{fKill, fStop, fStopWait, fCancel, fRestart, fDrop, fStall},
 		stopFor:  1500 * time.Millisecond,
 		stallFor: 1500 * time.Millisecond,
 		setup: func(r *run) error {
@@ -306,18 +319,18 @@ func redisDef() *backendDef {
 		client: func(getenv func(string) string) (newLocker, func(), error) {
 			rdb := redis.NewClient(&redis.Options{Addr: getenv("CHAOS_ADDR"), DialTimeout: time.Second})
 			f := redislock.NewFactory(rdb, redislock.WithKeyPrefix(getenv("CHAOS_PREFIX")), redislock.WithTTL(durEnv(getenv, "CHAOS_TTL")), redislock.WithLogger(nil))
-			return lockers(f.AsLocker, redislock.WithWait()), func() { f.Close(); rdb.Close() }, nil
+			return lockers(f.AsLocker, f, redislock.WithWait()), func() { f.Close(); rdb.Close() }, nil
 		},
 	}
 }
 
 func etcdDef() *backendDef {
 	return &backendDef{
-		name: "etcdlock", class: leaseExclusion, ttl: 2 * time.Second, shared: true,
+		name: "etcdlock", class: leaseExclusion, ttl: 2 * time.Second, shared: true, queueSeen: true,
 		// "Process killed: its locks are freed when etcd expires its
 		// lease, within one TTL (plus etcd's expiry check, ~0.5s)."
 		recover:  2500 * time.Millisecond,
-		faults:   []string{fKill, fStop, fCancel, fRestart, fDrop, fStall},
+		faults:   []string{fKill, fStop, fStopWait, fCancel, fRestart, fDrop, fStall},
 		stopFor:  3 * time.Second,
 		stallFor: 3 * time.Second,
 		setup: func(r *run) error {
@@ -347,7 +360,7 @@ func etcdDef() *backendDef {
 				return nil, nil, err
 			}
 			f := etcdlock.NewFactory(cli, etcdlock.WithKeyPrefix(getenv("CHAOS_PREFIX")), etcdlock.WithTTL(durEnv(getenv, "CHAOS_TTL")), etcdlock.WithLogger(nil))
-			return lockers(f.AsLocker, etcdlock.WithWait()), func() { f.Close(); cli.Close() }, nil
+			return lockers(f.AsLocker, f, etcdlock.WithWait()), func() { f.Close(); cli.Close() }, nil
 		},
 	}
 }

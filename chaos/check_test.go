@@ -80,9 +80,16 @@ type report struct {
 	maxRecover   time.Duration
 	maxLag       time.Duration // loss told to a holder after its successor acquired (lease backends, not stopped)
 	linearizable string
-	final        int64
-	probe        time.Duration
-	probeErr     error
+	paused       bool // the paused-waiter test
+	rounds       int  // paused-waiter rounds completed
+	roundsNext   int  // of which the next waiter acquired while the head was paused
+	// stops of a paused-waiter round that landed inside filelock's guard
+	roundsInGuard int
+	// sections of a paused-waiter round that held the name together (pairs)
+	roundOverlaps int
+	final         int64
+	probe         time.Duration
+	probeErr      error
 }
 
 func (r *report) violate(kind, format string, args ...any) {
@@ -202,7 +209,7 @@ func analyse(r *run) *report {
 		}
 		all = append(all, c)
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].acq1 < all[j].acq1 })
+	sortByAcquire(all)
 	rep.sections = len(all)
 	rep.accesses = len(ops)
 
@@ -212,10 +219,19 @@ func analyse(r *run) *report {
 	checkRegister(rep, ops)
 	checkTokens(rep, all)
 	checkOverlaps(rep, r, all)
+	checkStaleGrants(rep, r, all)
 	checkLossSeen(rep, r, all)
 	checkRecovery(rep, r)
 	checkLinearizable(rep, all)
+	if len(r.rounds) > 0 {
+		checkRounds(rep, r, all)
+	}
 	return rep
+}
+
+// sortByAcquire sorts sections by the return of their Acquire.
+func sortByAcquire(secs []*csec) {
+	sort.Slice(secs, func(i, j int) bool { return secs[i].acq1 < secs[j].acq1 })
 }
 
 // checkShared: in the shared workload readers held the name together,
@@ -403,6 +419,64 @@ func checkOverlaps(rep *report, r *run, all []*csec) {
 	rep.stale = len(stale)
 }
 
+// checkStaleGrants is the other half of check 2: an Acquire returns a
+// lock its process holds, as far as that process could know. A section
+// whose Acquire returned after a successor with a larger token had
+// acquired (the name had passed on before the lock was returned) is a
+// violation, unless its process could not know: it was paused (SIGSTOP)
+// during the call at a moment when it may already have been granted the
+// name, or a fault of the service (restart, drop, stall, terminate, loss)
+// overlapped the call. A pause does not excuse it when, as it began,
+// another process held the name firmly (its Acquire had returned, it was
+// never stopped, killed or told of a loss while it held, and it held on
+// past that moment): the grant then came after the pause began, so the
+// process, running again, had to ask before taking it. Whether it was
+// excused or not, check 2 has also judged the pair (the stale section
+// learned of its loss, and the fence refused it).
+func checkStaleGrants(rep *report, r *run, all []*csec) {
+	if r.b.class == kernelExclusion {
+		return // every overlap is a violation already
+	}
+	for _, p := range overlapping(all) {
+		a, b := p[0], p[1]
+		if b.acq1 >= a.acq1 || r.serviceFaultDuring(a.acq0, a.acq1) || pausedGranted(r, a, all) {
+			continue
+		}
+		why := "it was not paused during its Acquire"
+		if len(r.stops[a.client]) > 0 {
+			why = "each pause during its Acquire began while another held the name"
+		}
+		rep.violate("stale-grant", "%v: Acquire returned at %s, after %v had acquired (its token larger) at %s; %s, so it could have known",
+			a, ms(a.acq1), b, ms(b.acq1), why)
+	}
+}
+
+// pausedGranted reports whether a's process was paused during a's
+// Acquire at a moment when a may already have been granted the name: no
+// other section held it firmly as the pause began (a's section excepted;
+// a reader's section does not exclude a reader's grant).
+func pausedGranted(r *run, a *csec, all []*csec) bool {
+	for _, s := range r.stops[a.client] {
+		if s.from >= a.acq1 || s.to <= a.acq0 {
+			continue
+		}
+		firm := false
+		for _, c := range all {
+			if c == a || c.client == a.client || (c.shared && a.shared) {
+				continue
+			}
+			if c.acq1 <= s.from && s.from < c.end && !c.lost() && !c.killed && !c.stopped {
+				firm = true
+				break
+			}
+		}
+		if !firm {
+			return true
+		}
+	}
+	return false
+}
+
 // checkLossSeen is check 5: every holder that lost its lock (a successor
 // with a larger token overlapped it, or its session was ended under it)
 // saw Done closed, with Err matching ErrLockLost: by the time its Release
@@ -584,6 +658,13 @@ func (rep *report) print(w io.Writer) {
 		fmt.Fprintf(w, "| latest loss notice after the successor acquired (running holders; 0 = always before) | %v |\n", rep.maxLag.Round(time.Millisecond))
 	}
 	fmt.Fprintf(w, "| holders that lost the lock / saw Done close | %d / %d |\n", rep.lostHolders, rep.sawDone)
+	if rep.paused {
+		fmt.Fprintf(w, "| paused-waiter rounds completed / next waiter acquired during the pause / pairs that held together | %d / %d / %d |\n",
+			rep.rounds, rep.roundsNext, rep.roundOverlaps)
+		if rep.roundsInGuard > 0 {
+			fmt.Fprintf(w, "| pauses that landed inside the name's guard (the name blocked, as documented; the head continued and stopped again) | %d |\n", rep.roundsInGuard)
+		}
+	}
 	fmt.Fprintf(w, "| longest unavailability after a fault | %v |\n", rep.maxUnavail.Round(time.Millisecond))
 	fmt.Fprintf(w, "| longest recovery after a fault ended (bound) | %v (%v) |\n", rep.maxRecover.Round(time.Millisecond), (backendByName(rep.backend).recover + slack))
 	fmt.Fprintf(w, "| final probe acquired in | %v |\n", rep.probe.Round(time.Millisecond))
@@ -621,6 +702,18 @@ func (rep *report) faultList() string {
 		total += rep.faults[k]
 	}
 	return fmt.Sprintf("%d: %s", total, strings.Join(parts, ", "))
+}
+
+// serviceFaultDuring reports whether a fault that may take a lock from
+// its holder without its process knowing — an outage (see outageDuring),
+// an ended session, a forced loss — overlapped [t0, t1].
+func (r *run) serviceFaultDuring(t0, t1 int64) bool {
+	for _, f := range r.faults {
+		if (f.kind == fTerminate || f.kind == fLoss) && !f.skipped && f.start <= t1 && f.end >= t0 {
+			return true
+		}
+	}
+	return r.outageDuring(t0, t1)
 }
 
 // outageDuring reports whether a fault of the whole service (a restart, or

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -105,6 +104,7 @@ type client struct {
 	rng    *rand.Rand
 	say    func(format string, args ...any) // progress lines for the parent
 	work   time.Duration                    // longest pause inside a critical section
+	hold   func()                           // if set, ends a section in place of its last pause (scripted)
 
 	mu       sync.Mutex
 	cancel   context.CancelFunc // of the Acquire in progress
@@ -131,51 +131,90 @@ func (c *client) run(stop <-chan struct{}) {
 			return
 		default:
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		c.mu.Lock()
-		c.cancel, c.cancelAt = cancel, 0
-		c.mu.Unlock()
-		go func() {
-			select {
-			case <-stop:
-				c.cancelWait()
-			case <-ctx.Done():
-			}
-		}()
-		c.say("wait")
-		l, reader := c.locker, c.shared != nil && c.rng.IntN(3) > 0
-		if reader {
-			l = c.shared
+		c.section(cs, stop)
+	}
+}
+
+// section is one turn of the loop: a waiting Acquire and, if it got the
+// lock, the critical section. It reports whether it got the lock.
+func (c *client) section(cs int, stop <-chan struct{}) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.mu.Lock()
+	c.cancel, c.cancelAt = cancel, 0
+	c.mu.Unlock()
+	go func() {
+		select {
+		case <-stop:
+			c.cancelWait()
+		case <-ctx.Done():
 		}
-		t0 := now()
-		h, err := l.Acquire(ctx, c.name)
-		t1 := now()
-		c.mu.Lock()
-		c.cancel = nil
-		// A ctx cancelled before Acquire was called: every backend answers
-		// it with the bare ctx error, which the contract does not cover.
-		pre := c.cancelAt != 0 && c.cancelAt <= t0
-		c.mu.Unlock()
-		// The holder must not depend on the Acquire context (design
-		// pitfall: a session bound to it stops renewing when it ends).
-		cancel()
-		if err != nil {
-			c.hist.add(hev{K: "acq", CS: cs, T0: t0, T1: t1, Err: err.Error(), Pre: pre, Sh: reader,
-				Locked: errors.Is(err, lock.ErrLocked), Canceled: errors.Is(err, context.Canceled), Lost: errors.Is(err, lock.ErrLockLost)})
-			if !errors.Is(err, context.Canceled) {
-				// The server is down or unreachable: retry soon, but
-				// do not spin.
-				time.Sleep(time.Duration(20+c.rng.IntN(40)) * time.Millisecond)
+	}()
+	c.say("wait")
+	l, reader := c.locker, c.shared != nil && c.rng.IntN(3) > 0
+	if reader {
+		l = c.shared
+	}
+	t0 := now()
+	h, err := l.Acquire(ctx, c.name)
+	t1 := now()
+	c.mu.Lock()
+	c.cancel = nil
+	// A ctx cancelled before Acquire was called: every backend answers
+	// it with the bare ctx error, which the contract does not cover.
+	pre := c.cancelAt != 0 && c.cancelAt <= t0
+	c.mu.Unlock()
+	// The holder must not depend on the Acquire context (design
+	// pitfall: a session bound to it stops renewing when it ends).
+	cancel()
+	if err != nil {
+		c.hist.add(hev{K: "acq", CS: cs, T0: t0, T1: t1, Err: err.Error(), Pre: pre, Sh: reader,
+			Locked: errors.Is(err, lock.ErrLocked), Canceled: errors.Is(err, context.Canceled), Lost: errors.Is(err, lock.ErrLockLost)})
+		if !errors.Is(err, context.Canceled) {
+			// The server is down or unreachable: retry soon, but
+			// do not spin.
+			time.Sleep(time.Duration(20+c.rng.IntN(40)) * time.Millisecond)
+		}
+		return false
+	}
+	e := hev{K: "acq", CS: cs, T0: t0, T1: t1, Tok: h.Token(), Sh: reader}
+	if p, ok := h.(pidHolder); ok {
+		e.PID = int(p.BackendPID())
+	}
+	c.hist.add(e)
+	c.say("held %d %d %d", h.Token(), t1, e.PID)
+	c.critical(cs, h, reader)
+	return true
+}
+
+// scripted is a client the parent drives (the paused-waiter test): each
+// "acquire" line on cmds makes it take the lock, waiting (and trying
+// again after a failure, as run does), and hold it after its fenced read
+// and write until a "release" line. It returns when cmds is closed (its
+// stdin ended).
+func (c *client) scripted(cmds <-chan string, stop <-chan struct{}) {
+	c.hold = func() {
+		for cmd := range cmds {
+			if cmd == "release" {
+				return
 			}
+		}
+	}
+	cs := 0
+	for cmd := range cmds {
+		if cmd != "acquire" {
 			continue
 		}
-		e := hev{K: "acq", CS: cs, T0: t0, T1: t1, Tok: h.Token(), Sh: reader}
-		if p, ok := h.(pidHolder); ok {
-			e.PID = int(p.BackendPID())
+		for {
+			cs++
+			if c.section(cs, stop) {
+				break
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
 		}
-		c.hist.add(e)
-		c.say("held %d %d %d", h.Token(), t1, e.PID)
-		c.critical(cs, h, reader)
 	}
 }
 
@@ -206,7 +245,11 @@ func (c *client) critical(cs int, h lock.Holder, reader bool) {
 		wok, wv, err := c.reg.access(cs, 'W', tok, v+1)
 		c.hist.add(hev{K: "wr", CS: cs, T0: t0, T1: now(), Tok: tok, OK: wok, V: wv, Err: errString(err)})
 	}
-	c.pause()
+	if c.hold != nil {
+		c.hold()
+	} else {
+		c.pause()
+	}
 	t0 = now()
 	// Said before the call: a client killed inside Release may already
 	// have freed the lock, and its section ended here.
@@ -247,10 +290,13 @@ const (
 	envName    = "CHAOS_NAME"
 	envSeed    = "CHAOS_SEED"
 	envCSWork  = "CHAOS_CS_WORK"
+	envScript  = "CHAOS_SCRIPT" // "1": the client is scripted by lines on its stdin
 )
 
 // childMain is a client process: it runs until its stdin closes, then
-// finishes its critical section and exits. SIGUSR1 cancels its wait.
+// finishes its critical section and exits. SIGUSR1 cancels its wait. A
+// scripted client (CHAOS_SCRIPT=1) takes and releases the lock when the
+// lines of its stdin say so.
 func childMain() int {
 	id, _ := strconv.Atoi(os.Getenv(envClient))
 	seed, _ := strconv.ParseUint(os.Getenv(envSeed), 10, 64)
@@ -288,8 +334,13 @@ func childMain() int {
 	c := &client{id: id, name: os.Getenv(envName), locker: mk(), shared: b.sharedLocker(mk), reg: reg, hist: hist,
 		rng: rand.New(rand.NewPCG(seed, uint64(id))), say: say, work: cswork}
 	stop := make(chan struct{})
+	cmds := make(chan string, 8)
 	go func() {
-		io.Copy(io.Discard, os.Stdin)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			cmds <- sc.Text()
+		}
+		close(cmds)
 		close(stop)
 	}()
 	usr := make(chan os.Signal, 4)
@@ -300,7 +351,11 @@ func childMain() int {
 		}
 	}()
 	say("ready")
-	c.run(stop)
+	if os.Getenv(envScript) == "1" {
+		c.scripted(cmds, stop)
+	} else {
+		c.run(stop)
+	}
 	closeFn()
 	say("bye")
 	return 0

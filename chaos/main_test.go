@@ -79,21 +79,10 @@ func TestChaos(t *testing.T) {
 	var reps []*report
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			cfg := config(b)
-			r := newRun(t, b, cfg)
-			rep := r.execute()
-			if !strict() {
-				rep.violations, rep.known = filterKnown(t, b.name, rep.violations)
-			}
-			rep.print(os.Stdout)
+			r := newRun(t, b, config(b))
+			rep := r.execute(r.faultPhase)
+			conclude(t, r, rep, "chaos-")
 			reps = append(reps, rep)
-			if os.Getenv("CHAOS_KEEP") == "1" && len(rep.violations) == 0 {
-				fmt.Printf("work dir kept at %s\n", keep(t, r.work))
-			}
-			if len(rep.violations) > 0 {
-				t.Errorf("%s: %d violations (replay with CHAOS_SEED=%d, go test -run 'TestChaos/%s$'); work dir kept at %s",
-					b.name, len(rep.violations), cfg.seed, b.name, keep(t, r.work))
-			}
 		})
 	}
 	if len(reps) > 1 {
@@ -101,10 +90,26 @@ func TestChaos(t *testing.T) {
 	}
 }
 
+// conclude prints the run's table and fails the test on a violation,
+// keeping the run's files (under $TMPDIR/<label><backend>-*).
+func conclude(t *testing.T, r *run, rep *report, label string) {
+	if !strict() {
+		rep.violations, rep.known = filterKnown(t, r.b.name, rep.violations)
+	}
+	rep.print(os.Stdout)
+	if os.Getenv("CHAOS_KEEP") == "1" && len(rep.violations) == 0 {
+		fmt.Printf("work dir kept at %s\n", keep(r.work, label+r.b.name))
+	}
+	if len(rep.violations) > 0 {
+		t.Errorf("%s: %d violations (replay with CHAOS_SEED=%d, go test -run '%s$'); work dir kept at %s",
+			r.b.name, len(rep.violations), r.cfg.seed, t.Name(), keep(r.work, label+r.b.name))
+	}
+}
+
 // keep copies the run's files out of the test's temporary directory so a
 // failed run can be read afterwards.
-func keep(t *testing.T, dir string) string {
-	dst, err := os.MkdirTemp("", "chaos-"+t.Name()[len("TestChaos/"):]+"-")
+func keep(dir, name string) string {
+	dst, err := os.MkdirTemp("", name+"-")
 	if err != nil {
 		return dir + " (removed at the end of the test)"
 	}

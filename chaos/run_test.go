@@ -76,7 +76,9 @@ type run struct {
 	crashes  []string       // clients that died by themselves
 	hung     []string       // clients that did not exit when told
 	faults   []fault
+	rounds   []round // of the paused-waiter test
 	stopping bool
+	note     notifier // of the clients' states
 }
 
 type span struct{ from, to int64 }
@@ -93,12 +95,29 @@ type proc struct {
 	state  string // starting, ready, wait, held, free, bye
 	pid    int    // pglock backend pid while held
 	killed bool
+	tok    uint64         // token of the last "held"
+	seen   map[string]int // states entered, counted
+	note   *notifier      // told of every state entered
 }
 
 func (p *proc) setState(s string, pid int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.state, p.pid = s, pid
+	if p.seen == nil {
+		p.seen = map[string]int{}
+	}
+	p.seen[s]++
+	if p.note != nil {
+		p.note.notify()
+	}
+}
+
+// count returns how many times p entered state.
+func (p *proc) count(state string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen[state]
 }
 
 func (p *proc) getState() string {
@@ -111,6 +130,71 @@ func (p *proc) pgPID() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.pid
+}
+
+// token returns the token of p's last "held".
+func (p *proc) token() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.tok
+}
+
+// notifier wakes whoever awaits a change of the clients' states.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// changed returns a channel closed at the next change.
+func (n *notifier) changed() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
+	return n.ch
+}
+
+func (n *notifier) notify() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
+}
+
+// await waits until cond holds: it checks it again whenever a client
+// reports a state, and every poll if poll > 0 (for a condition no client
+// reports). It gives up after d, or once one of ps has exited.
+func (r *run) await(d, poll time.Duration, cond func() bool, ps ...*proc) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	var tick <-chan time.Time
+	if poll > 0 {
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		changed := r.note.changed()
+		if cond() {
+			return true
+		}
+		for _, p := range ps {
+			select {
+			case <-p.exited:
+				return false
+			default:
+			}
+		}
+		select {
+		case <-changed:
+		case <-tick:
+		case <-deadline.C:
+			return cond()
+		}
+	}
 }
 
 func newRun(t *testing.T, b *backendDef, cfg runConfig) *run {
@@ -161,7 +245,7 @@ func (r *run) spawn() {
 	}
 	id := r.nextID
 	r.nextID++
-	p := &proc{id: id, state: "starting", exited: make(chan struct{})}
+	p := &proc{id: id, state: "starting", exited: make(chan struct{}), note: &r.note}
 	r.procs[id] = p
 	r.mu.Unlock()
 
@@ -267,10 +351,15 @@ func (r *run) heard(p *proc, line string) {
 	case "held":
 		var t int64
 		var pid int
+		var tok uint64
 		if len(f) >= 4 {
+			tok, _ = strconv.ParseUint(f[1], 10, 64)
 			t, _ = strconv.ParseInt(f[2], 10, 64)
 			pid, _ = strconv.Atoi(f[3])
 		}
+		p.mu.Lock()
+		p.tok = tok
+		p.mu.Unlock()
 		p.setState("held", pid)
 		r.mu.Lock()
 		r.acqs = append(r.acqs, t)
@@ -350,22 +439,24 @@ func (r *run) inject(kind string) fault {
 		p.cmd.Process.Kill()
 		<-p.exited
 		f.end = now()
-	case fStop:
-		p := r.pickHolder()
+	case fStop, fStopWait:
+		state, none := "held", "no holder"
+		if kind == fStopWait {
+			state, none = "wait", "no waiter"
+		}
+		p := r.pick(state)
 		if p == nil {
-			f.detail, f.skipped = "no holder", true
+			f.detail, f.skipped = none, true
 			f.start, f.end = now(), now()
 			return f
 		}
-		f.target, f.targetHeld = p.id, true
+		f.target, f.targetHeld = p.id, kind == fStop
 		f.start = now()
 		p.cmd.Process.Signal(syscall.SIGSTOP)
 		time.Sleep(r.b.stopFor)
 		p.cmd.Process.Signal(syscall.SIGCONT)
 		f.end = now()
-		r.mu.Lock()
-		r.stops[p.id] = append(r.stops[p.id], span{f.start, f.end})
-		r.mu.Unlock()
+		r.addStop(p.id, f.start, f.end)
 	case fCancel:
 		p := r.pick("wait")
 		f.start = now()
@@ -384,6 +475,13 @@ func (r *run) inject(kind string) fault {
 		r.t.Fatalf("fault %q not available for %s", kind, r.b.name)
 	}
 	return f
+}
+
+// addStop records that client was stopped (SIGSTOP) from from to to.
+func (r *run) addStop(client int, from, to int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stops[client] = append(r.stops[client], span{from, to})
 }
 
 // firstAcqAfter returns the first acquire reported to have returned after
@@ -494,8 +592,10 @@ func (r *run) probe() (time.Duration, error) {
 	return d, h.Release()
 }
 
-// execute runs the whole experiment and returns its analysis.
-func (r *run) execute() *report {
+// execute runs the whole experiment, with phase (the faults, or the
+// paused-waiter rounds) between the start and the end of the clients, and
+// returns its analysis.
+func (r *run) execute(phase func()) *report {
 	if err := r.b.setup(r); err != nil {
 		if u, ok := err.(unavailable); ok {
 			testenv.Unavailable(r.t, u.service, u.err)
@@ -506,7 +606,7 @@ func (r *run) execute() *report {
 		r.spawn()
 	}
 	started := time.Now()
-	r.faultPhase()
+	phase()
 	r.finish()
 	elapsed := time.Since(started)
 	r.writeFaultLog()
