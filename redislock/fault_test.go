@@ -212,6 +212,84 @@ func TestSIGSTOPHolder(t *testing.T) {
 	}
 }
 
+// A waiter process stopped (SIGSTOP) across its own grant, resumed after
+// the grant ran out and another client took the name, must not take the
+// name on that stale grant: it asks Redis, finds the other holder and
+// queues behind it, so its token comes after the other's. Each round
+// gives the stale grant a chance to be taken (the grant's wake and the
+// poll's both pending at the resume); a few rounds catch a waiter that
+// trusts it about every other time.
+func TestSIGSTOPWaiterAcrossGrant(t *testing.T) {
+	const ttl = 500 * time.Millisecond
+	if testenv.Child() == "stop-waiter" {
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
+		f := NewFactory(rdb, WithKeyPrefix(testPrefix), WithTTL(ttl), WithLogger(nil))
+		h, err := f.Acquire(context.Background(), os.Getenv(childName), WithWait())
+		if err != nil {
+			fmt.Printf("child: error %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Printf("child: token %d\n", h.Token())
+		h.Release()
+		os.Exit(0)
+	}
+	rdb := newClient(t)
+	ctx := ctxT(t)
+	for round := range 3 {
+		name := uniq(t, fmt.Sprint(round))
+		lockKey := keysFor(testPrefix, name).lock
+		queued := func(n int) func() bool {
+			return func() bool {
+				v, _ := rdb.Get(ctx, lockKey).Result()
+				return strings.Count(v, "\n") == n
+			}
+		}
+		holder := testFactory(t, rdb, WithTTL(ttl))
+		h, err := holder.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := startChild(t, "stop-waiter", "TestSIGSTOPWaiterAcrossGrant", name)
+		waitFor(t, 10*time.Second, "the child queued", queued(1))
+		got := make(chan *Holder, 1)
+		go func() {
+			o, err := testFactory(t, rdb, WithTTL(ttl)).Acquire(ctx, name, WithWait())
+			if err != nil {
+				t.Error(err)
+			}
+			got <- o
+		}()
+		waitFor(t, 10*time.Second, "the other waiter queued behind the child", queued(2))
+
+		testenv.Pause(t, w.p)
+		h.Release() // grants the name to the stopped child
+		o := <-got  // once the child's grant ran out
+		if o == nil {
+			t.FailNow()
+		}
+		if err := testenv.Resume(w.p); err != nil {
+			t.Fatal(err)
+		}
+		// The child looks again and queues behind o, or (the bug) takes
+		// its stale grant; o holds on a while either way.
+		waitFor(t, 10*time.Second, "the resumed child queued behind the other holder, or took the name", func() bool {
+			return len(w.lines) > 0 || queued(1)()
+		})
+		time.Sleep(ttl)
+		select {
+		case l := <-w.lines:
+			t.Fatalf("round %d: the resumed child said %q while the other client held the name with token %d", round, l, o.Token())
+		default:
+		}
+		if err := o.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if tok := w.token(); tok <= o.Token() {
+			t.Fatalf("round %d: the child took the name with token %d, not above the other holder's %d: a stale grant", round, tok, o.Token())
+		}
+	}
+}
+
 // A holder process killed with SIGKILL frees its lock within the TTL.
 func TestSIGKILLHolder(t *testing.T) {
 	if testenv.Child() == "kill-holder" {

@@ -34,10 +34,11 @@ import (
 // again: within its own TTL, and once queued no later than the end of the
 // holder's lease. So a waiter never depends on a wake alone: a holder
 // that is killed, or a waiter granted the name and killed, is followed
-// within one lease. A grant is taken without another call if the
-// waiter's last look was sent less than TTL/3 before (the lease the
-// release set runs from after that send); otherwise a look confirms it,
-// which renews the lease.
+// within one lease. A grant only wakes the waiter: it takes the name by
+// its next look, which finds its own id in the lock and renews the lease.
+// A grant read late (the waiter's process was paused, or the message was
+// slow) may have run out and the name passed on; only Redis can say, so
+// the grant is never taken as the lock by itself.
 //
 // Semaphores keep the wake of before: their release publishes on the
 // name's channel, and the factory, subscribed to the channels of the
@@ -74,11 +75,9 @@ type waiter struct {
 	leave func()
 	// Guarded by h.mu (joined is written on the waiting goroutine, which
 	// reads it without).
-	grant  uint64 // the token a release handed it, 0 if none
-	joined bool   // a look put it in the name's queue in Redis
+	joined bool // a look put it in the name's queue in Redis
 	done   bool
 	// On the waiting goroutine only.
-	sent time.Time // when the last look that found the name held was sent
 	// skip: the look before Subscribe queued it while the factory was
 	// subscribed already, so the look backend.Wait makes right after
 	// Subscribe (for a release in between) is not needed: a grant wakes it.
@@ -101,22 +100,19 @@ func (w *waiter) Close() {
 	}
 }
 
-// look is one attempt of take. A mutex waiter w first takes a grant its
-// factory received, and joins the name's queue once the factory's
-// subscription is confirmed. On contention a.pttl says when to look again.
+// look is one attempt of take. A mutex waiter w joins the name's queue
+// once the factory's subscription is confirmed; a grant finds it there,
+// and its next look finds the name its own. On contention a.pttl says
+// when to look again.
 func (f *Factory) look(ctx context.Context, k keys, id string, ls lease, w *waiter) (attempt, error) {
 	if w == nil || ls.permit() {
 		a, err := f.try(ctx, k, id, ls, "")
 		a.pttl = max(a.pttl, time.Millisecond)
 		return a, err
 	}
-	tok, granted := f.hub.granted(w)
-	switch {
-	case granted && time.Since(w.sent) < ls.ttl/3:
-		// Handed over by a release, which ran after the last look was
-		// sent: the lease runs from then at least.
-		return attempt{status: 1, token: tok, sent: w.sent}, nil
-	case !granted && w.skip:
+	if w.skip {
+		// A grant since the look that queued it left a wake: the wait
+		// looks again at once.
 		w.skip = false
 		return attempt{pttl: w.hint}, nil
 	}
@@ -129,7 +125,7 @@ func (f *Factory) look(ctx context.Context, k keys, id string, ls lease, w *wait
 		// Also within its own lease: a waiter ahead of it may be granted
 		// the name and die, and hold it that long.
 		a.pttl = min(max(a.pttl, time.Millisecond), ls.ttl)
-		f.hub.looked(w, a.sent, a.pttl, ch != "")
+		f.hub.looked(w, a.pttl, ch != "")
 	}
 	return a, err
 }
@@ -211,22 +207,15 @@ func (h *hub) isReady() bool {
 	return h.ready
 }
 
-// looked records a look of w that found the name held, sent at sent, and
-// whether it joined the name's queue.
-func (h *hub) looked(w *waiter, sent time.Time, hint time.Duration, joined bool) {
-	w.sent, w.hint = sent, hint
+// looked records a look of w that found the name held, and whether it
+// joined the name's queue.
+func (h *hub) looked(w *waiter, hint time.Duration, joined bool) {
+	w.hint = hint
 	if joined {
 		h.mu.Lock()
 		w.joined = true
 		h.mu.Unlock()
 	}
-}
-
-// granted returns the token a release handed w, if any.
-func (h *hub) granted(w *waiter) (uint64, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return w.grant, w.grant != 0
 }
 
 // waiting reports how many callers wait on the name of channel ch:
@@ -487,8 +476,9 @@ func (h *hub) confirmed(ch string) {
 }
 
 // grant handles a release's grant, "<id>:<token>:<ttl ms>:<lock key>":
-// the name is the waiter's now. A grant for an id this factory neither
-// waits for nor holds is given on to the next waiter.
+// the name was the waiter's when it was sent, so the waiter looks again
+// (see hub). A grant for an id this factory neither waits for nor holds
+// is given on to the next waiter.
 func (h *hub) grant(msg string) {
 	parts := strings.SplitN(msg, ":", 4)
 	if len(parts) != 4 {
@@ -503,7 +493,6 @@ func (h *hub) grant(msg string) {
 	h.mu.Lock()
 	for _, w := range h.chans[h.own] {
 		if w.id == id {
-			w.grant = tok
 			signal(w)
 			h.mu.Unlock()
 			return
