@@ -23,6 +23,10 @@ import (
 // ErrLocked. If any name cannot be taken, the ones already taken are
 // released before AcquireAll returns, and the error (naming the name, and
 // joined with any release error) matches what l's Acquire returned.
+// A member lost while a later name is awaited (its lease not renewed,
+// WithMaxHold, broken) ends the wait: the others are released and the
+// error names that member and matches its Err. A set AcquireAll returns
+// has every member held when it returns.
 // An empty set, or an invalid name, is an error before anything is taken.
 //
 // Backends take the names one Acquire at a time; one that can take a set
@@ -39,22 +43,50 @@ func AcquireAll(ctx context.Context, l Locker, names ...string) (*MultiHolder, e
 			return nil, fmt.Errorf("lock: AcquireAll %q: %w", name, err)
 		}
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	m := &MultiHolder{names: names, holders: make([]Holder, 0, len(names)), done: make(chan struct{}), stop: make(chan struct{})}
+	m.lost = cancel // a member lost ends the wait for the next
 	for _, name := range names {
 		h, err := l.Acquire(ctx, name)
 		if err != nil {
-			errs := []error{fmt.Errorf("lock: AcquireAll %q: %w", name, err)}
-			for _, h := range slices.Backward(m.holders) {
-				errs = append(errs, h.Release())
-			}
-			return nil, errors.Join(errs...)
+			return nil, m.abandon(fmt.Errorf("lock: AcquireAll %q: %w", name, err))
 		}
 		m.holders = append(m.holders, h)
+		go m.watch(name, h)
 	}
-	for i, h := range m.holders {
-		go m.watch(names[i], h)
+	if m.firstEnded() >= 0 {
+		return nil, m.abandon(nil)
 	}
 	return m, nil
+}
+
+// abandon releases the members taken so far and returns why the set could
+// not be had: a member's loss if one ended, else err, the failure of the
+// name that could not be taken; joined with the release errors.
+func (m *MultiHolder) abandon(err error) error {
+	if i := m.firstEnded(); i >= 0 {
+		m.end(memberLost(m.names[i], m.holders[i]))
+	}
+	m.Release()
+	if lost := m.Err(); lost != nil {
+		err = lost
+	}
+	return errors.Join(err, m.relErr)
+}
+
+// firstEnded returns the index of the first member that has ended, -1 if
+// none. It reads the members' Done, not the watches, which may not have
+// run yet.
+func (m *MultiHolder) firstEnded() int {
+	for i, h := range m.holders {
+		select {
+		case <-h.Done():
+			return i
+		default:
+		}
+	}
+	return -1
 }
 
 // A MultiHolder is a set of locks taken together by AcquireAll. It is a
@@ -66,6 +98,7 @@ type MultiHolder struct {
 	holders []Holder // holders[i] holds names[i]
 	done    chan struct{}
 	stop    chan struct{} // closed by Release: the watches end
+	lost    func()        // called when a member ends on its own
 
 	mu        sync.Mutex
 	err       error
@@ -123,8 +156,8 @@ func (m *MultiHolder) Release() error {
 		// A member lost while its watch was not yet told is a loss too.
 		var lost error
 		for i, h := range m.holders {
-			if err := h.Err(); err != nil {
-				lost = memberLost(m.names[i], err)
+			if h.Err() != nil {
+				lost = memberLost(m.names[i], h)
 				break
 			}
 		}
@@ -146,11 +179,8 @@ func (m *MultiHolder) watch(name string, h Holder) {
 	if releasing {
 		return
 	}
-	err := h.Err()
-	if err == nil {
-		err = fmt.Errorf("%w: released on its own", ErrLockLost)
-	}
-	m.end(memberLost(name, err))
+	m.end(memberLost(name, h))
+	m.lost()
 }
 
 // end closes Done, recording err unless the set has ended already.
@@ -164,6 +194,12 @@ func (m *MultiHolder) end(err error) {
 	close(m.done)
 }
 
-func memberLost(name string, err error) error {
+// memberLost says that h, the holder of name, ended outside the set's
+// Release.
+func memberLost(name string, h Holder) error {
+	err := h.Err()
+	if err == nil {
+		err = fmt.Errorf("%w: released on its own", ErrLockLost)
+	}
 	return fmt.Errorf("lock: AcquireAll member %q: %w", name, err)
 }

@@ -125,6 +125,52 @@ func TestAcquireAllMemberLoss(t *testing.T) {
 	}
 }
 
+// A member lost while AcquireAll waits for a later name ends the wait, and
+// one lost by the time the last name is taken fails the call too: a set is
+// never returned with a member already gone.
+func TestAcquireAllMemberLostDuringWait(t *testing.T) {
+	for _, c := range []struct {
+		what string
+		b    func(ctx context.Context, a *stub) (lock.Holder, error)
+	}{
+		{"while b is awaited", func(ctx context.Context, a *stub) (lock.Holder, error) {
+			a.state.Lose(errToyLost)
+			<-ctx.Done() // the wait for b ends only by ctx
+			return nil, lock.NewWaitError(lock.ErrLocked, ctx)
+		}},
+		{"before b is returned", func(_ context.Context, a *stub) (lock.Holder, error) {
+			a.state.Lose(errToyLost)
+			return newStub(), nil
+		}},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			a := newStub()
+			var b lock.Holder
+			l := lock.LockerFunc(func(ctx context.Context, name string) (lock.Holder, error) {
+				if name == "a" {
+					return a, nil
+				}
+				h, err := c.b(ctx, a)
+				b = h
+				return h, err
+			})
+			// Long enough never to run out here: only a's loss ends the wait.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			m, err := lock.AcquireAll(ctx, l, "a", "b")
+			if m != nil || !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, errToyLost) || !strings.Contains(err.Error(), `member "a"`) {
+				t.Fatalf("AcquireAll = %v, %v; want no set and the loss of a", m, err)
+			}
+			if errors.Is(err, lock.ErrLocked) {
+				t.Fatalf("err = %v matches ErrLocked: nobody else held b", err)
+			}
+			if a.released != 1 || b != nil && b.(*stub).released != 1 {
+				t.Fatal("the members taken were not released")
+			}
+		})
+	}
+}
+
 func TestWithMaxHoldOption(t *testing.T) {
 	o, err := lock.Apply(lock.Options{}, lock.WithMaxHold(time.Minute))
 	if err != nil || o.MaxHold != time.Minute {

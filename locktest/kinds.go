@@ -235,6 +235,77 @@ func (s *suite) acquireAllLoss(t *testing.T) {
 	}
 }
 
+// acquireAllLostWaiting: a member lost while AcquireAll waits for a
+// later name — by WithMaxHold, and by the backend's own way to lose a
+// lock — ends the call with that member's loss, not a set with a member
+// already gone; the names taken are freed and the waiter leaves the queue.
+func (s *suite) acquireAllLostWaiting(t *testing.T) {
+	if !s.Wait {
+		t.Skip("backend does not claim Wait")
+	}
+	const d = 300 * time.Millisecond
+	cases := []struct {
+		what string
+		opts []lock.Option
+		lose func(t testing.TB, h lock.Holder)
+		is   error
+	}{{"MaxHold", []lock.Option{lock.WithWait(), lock.WithMaxHold(d)}, nil, lock.ErrMaxHold}}
+	if s.Lose != nil {
+		cases = append(cases, struct {
+			what string
+			opts []lock.Option
+			lose func(t testing.TB, h lock.Holder)
+			is   error
+		}{"Lose", []lock.Option{lock.WithWait()}, s.Lose, s.ErrLockLost})
+	}
+	for _, c := range cases {
+		t.Run(c.what, func(t *testing.T) {
+			a, b := s.name(t, "a"), s.name(t, "b")
+			hb := s.mustAcquire(t, s.New(t), b) // held elsewhere all along
+			l := s.New(t, c.opts...)
+			first := make(chan lock.Holder, 1)
+			spy := lock.LockerFunc(func(ctx context.Context, name string) (lock.Holder, error) {
+				h, err := l.Acquire(ctx, name)
+				if name == a && err == nil {
+					first <- h
+				}
+				return h, err
+			})
+			type result struct {
+				m   *lock.MultiHolder
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				m, err := lock.AcquireAll(ctxT(t), spy, a, b)
+				done <- result{m, err}
+			}()
+			ha := <-first
+			s.waitQueued(t, b, 1)
+			if c.lose != nil {
+				c.lose(t, ha)
+			}
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(d + s.LossBound):
+				t.Fatalf("AcquireAll still waiting for %q %v after %q was lost", b, d+s.LossBound, a)
+			}
+			if r.m != nil {
+				r.m.Release()
+				t.Fatalf("AcquireAll returned a set after its member %q was lost; Err %v, member's Err %v", a, r.m.Err(), r.m.Member(a).Err())
+			}
+			if err := r.err; !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, c.is) || errors.Is(err, lock.ErrLocked) || !strings.Contains(err.Error(), fmt.Sprintf("%q", a)) {
+				t.Fatalf("AcquireAll after %q was lost = %v; want its loss (ErrLockLost, %v) naming it, not ErrLocked", a, err, c.is)
+			}
+			s.mustRelease(t, s.acquireWithin(t, a, s.LossBound))
+			s.mustRelease(t, hb)
+			// The caller that gave up on b left nothing queued: b is free.
+			s.mustRelease(t, s.mustAcquire(t, s.New(t), b))
+		})
+	}
+}
+
 // acquireAllNoDeadlock: clients asking WithWait for random overlapping
 // sets, each listed in a random order, all get through — a deadlock runs
 // out the test's context — and never share a name.

@@ -155,6 +155,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("AcquireAll", s.acquireAll)
 	t.Run("AcquireAllAtomic", s.acquireAllAtomic)
 	t.Run("AcquireAllLoss", s.acquireAllLoss)
+	t.Run("AcquireAllLostWaiting", s.acquireAllLostWaiting)
 	t.Run("AcquireAllNoDeadlock", s.acquireAllNoDeadlock)
 	t.Run("Shared", s.shared)
 	t.Run("Inspect", s.inspect)
