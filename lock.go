@@ -195,19 +195,29 @@ func WithLock(ctx context.Context, l Locker, name string, fn func(ctx context.Co
 // heldContext returns a context that is cancelled when h's lock ends: with
 // h.Err() as the cause when it was lost, ErrLockLost when it ended some other
 // way behind the caller's back. stop cancels it and ends the watch.
+// A lock that ended before heldContext returns (lost while the caller was
+// paused after Acquire) cancels hctx before it is returned.
 func heldContext(ctx context.Context, h Holder) (hctx context.Context, stop func()) {
 	hctx, cancel := context.WithCancelCause(ctx)
-	go func() {
-		select {
-		case <-h.Done():
-			cause := h.Err()
-			if cause == nil {
-				cause = ErrLockLost
-			}
-			cancel(cause)
-		case <-hctx.Done():
+	end := func() {
+		cause := h.Err()
+		if cause == nil {
+			cause = ErrLockLost
 		}
-	}()
+		cancel(cause)
+	}
+	select {
+	case <-h.Done():
+		end()
+	default:
+		go func() {
+			select {
+			case <-h.Done():
+				end()
+			case <-hctx.Done():
+			}
+		}()
+	}
 	return hctx, func() { cancel(nil) }
 }
 

@@ -74,6 +74,22 @@ func TestWithLockCancelsOnLoss(t *testing.T) {
 	}
 }
 
+// A lock lost before WithLock calls fn (its caller paused after the
+// Acquire) gives fn a context cancelled already, with the loss as cause.
+func TestWithLockLostBeforeFn(t *testing.T) {
+	s := newStub()
+	s.state.Lose(errToyLost)
+	err := lock.WithLock(context.Background(), s.locker(), "n", func(ctx context.Context) error {
+		if !errors.Is(context.Cause(ctx), errToyLost) {
+			t.Errorf("fn started with cause %v; want the loss", context.Cause(ctx))
+		}
+		return nil
+	})
+	if !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("err = %v; want ErrLockLost", err)
+	}
+}
+
 func TestWithLockAcquireError(t *testing.T) {
 	l := lock.LockerFunc(func(context.Context, string) (lock.Holder, error) { return nil, lock.ErrLocked })
 	ran := false

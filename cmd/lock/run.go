@@ -183,6 +183,11 @@ func supervise(h lock.Holder, b *backend, name, url string, killAfter time.Durat
 		"LOCK_TOKEN="+strconv.FormatUint(h.Token(), 10),
 		"LOCK_BACKEND="+url)
 	cmd.SysProcAttr = childAttr()
+	if err := h.Err(); err != nil {
+		// Lost between the acquire and here (this process was paused).
+		fmt.Fprintf(stderr, "lock: %s lost (%v) before the command started\n", name, err)
+		return exitLost
+	}
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "lock: %v\n", err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {

@@ -536,6 +536,10 @@ func JobContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if r == nil {
 		return cctx, func() { cancel(nil) }
 	}
+	// A lock lost already cancels cctx before it is returned.
+	if err := r.lostErr(); err != nil {
+		cancel(err)
+	}
 	go func() {
 		select {
 		case <-r.job.h.Done():
