@@ -83,6 +83,7 @@ type report struct {
 	paused       bool // the paused-waiter test
 	rounds       int  // paused-waiter rounds completed
 	roundsNext   int  // of which the next waiter acquired while the head was paused
+	roundsHead   int  // of which the head acquired first (a session backend's server granted it)
 	// stops of a paused-waiter round that landed inside filelock's guard
 	roundsInGuard int
 	// sections of a paused-waiter round that held the name together (pairs)
@@ -659,8 +660,8 @@ func (rep *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "| holders that lost the lock / saw Done close | %d / %d |\n", rep.lostHolders, rep.sawDone)
 	if rep.paused {
-		fmt.Fprintf(w, "| paused-waiter rounds completed / next waiter acquired during the pause / pairs that held together | %d / %d / %d |\n",
-			rep.rounds, rep.roundsNext, rep.roundOverlaps)
+		fmt.Fprintf(w, "| paused-waiter rounds completed / next waiter acquired during the pause / head acquired first / pairs that held together | %d / %d / %d / %d |\n",
+			rep.rounds, rep.roundsNext, rep.roundsHead, rep.roundOverlaps)
 		if rep.roundsInGuard > 0 {
 			fmt.Fprintf(w, "| pauses that landed inside the name's guard (the name blocked, as documented; the head continued and stopped again) | %d |\n", rep.roundsInGuard)
 		}

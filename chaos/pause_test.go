@@ -65,6 +65,7 @@ type round struct {
 	toks               []uint64 // tokens of the round's sections, in the order they were reported
 	stop, rel, cont    int64    // head stopped, holder's release returned, head continued
 	nextDuring         bool     // the next waiter acquired while the head was paused
+	headFirst          bool     // the head acquired before the next waiter
 	inGuard            int      // stops that landed inside filelock's guard (the head was continued and stopped again)
 	err                string   // why the round did not complete
 }
@@ -203,6 +204,7 @@ func (r *run) pausedRelease(rd *round, head, next *proc, held map[*proc]int, in 
 		}
 		if heldAgain(head) {
 			first, second = head, next
+			rd.headFirst = true
 		}
 	}
 	rd.toks = append(rd.toks, first.token())
@@ -375,6 +377,9 @@ func checkRounds(rep *report, r *run, all []*csec) {
 		rep.roundsInGuard += rd.inGuard
 		if rd.nextDuring {
 			rep.roundsNext++
+		}
+		if rd.headFirst {
+			rep.roundsHead++
 		}
 		var secs []*csec
 		for _, tok := range rd.toks {
