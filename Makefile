@@ -18,12 +18,13 @@ bench:
 	-scripts/services.sh up
 	cd bench && go run ./cmd/bench $(BENCHFLAGS)
 
-# Every backend under random faults for a few minutes (~7 min in all);
-# prints a table per backend. Method and results: docs/design/chaos.md.
+# Every backend under random faults for a few minutes, then 20 rounds of
+# a waiter paused across its grant (~18 min in all); prints a table per
+# backend. Method and results: docs/design/chaos.md.
 # Then the cluster failover tests, repeated (~8 min).
 chaos:
 	scripts/services.sh up
-	cd chaos && CHAOS_LONG=1 go test -count=1 -timeout 20m -run '^TestChaos$$' -v .
+	cd chaos && CHAOS_LONG=1 go test -count=1 -timeout 30m -run '^(TestChaos|TestPausedWaiter)$$' -v .
 	# Failovers on private clusters, five times each (make test runs them once).
 	cd redislock && go test -count=5 -timeout 20m -run '^Test(ClusterFailover|ClusterReplicaAck|SentinelFailover)$$' .
 	cd etcdlock && go test -count=5 -timeout 20m -run '^TestCluster(LeaderKilled|QuorumLost)$$' .
