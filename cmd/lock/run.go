@@ -52,32 +52,10 @@ type runFlags struct {
 }
 
 func runCmd(args []string, stderr io.Writer) int {
-	var f runFlags
-	fs := flags("run", &f.common, stderr)
-	fs.BoolVar(&f.noWait, "n", false, "fail at once if the lock is held (the default)")
-	fs.Var(&f.wait, "w", "wait up to this long for the lock")
-	fs.IntVar(&f.conflict, "E", exitConflict, "exit code when the lock is held")
-	fs.DurationVar(&f.ttl, "ttl", 0, "lease length")
-	fs.IntVar(&f.max, "max-concurrent", 1, "permits of a semaphore")
-	fs.StringVar(&f.owner, "owner", "", "owner shown by inspect (default pid@host)")
-	fs.DurationVar(&f.killAfter, "kill-after", 0, "SIGKILL this long after SIGTERM on loss")
-	if err := parse(fs, &f.common, args, 3, -1); err != nil {
+	f, name, argv, err := parseRun(args, stderr)
+	if err != nil {
 		return fail(stderr, err)
 	}
-	name, argv := fs.Arg(0), fs.Args()[1:]
-	switch {
-	case argv[0] != "--":
-		return fail(stderr, usagef("lock run: want NAME -- CMD [ARGS...], with the flags before NAME; got %q after the name", argv[0]))
-	case f.noWait && f.wait.d > 0:
-		return fail(stderr, usagef("lock run: -n and -w exclude each other"))
-	case f.conflict < 0 || f.conflict > 255:
-		return fail(stderr, usagef("lock run: -E %d: want 0 to 255", f.conflict))
-	case f.max < 1:
-		return fail(stderr, usagef("lock run: --max-concurrent %d: want at least 1", f.max))
-	case f.ttl < 0 || f.killAfter < 0:
-		return fail(stderr, usagef("lock run: --ttl and --kill-after must be positive"))
-	}
-	argv = argv[1:]
 
 	// A signal before the command starts ends the Acquire (and lock, with
 	// 128+n); once it runs, signals go to its group.
@@ -100,12 +78,62 @@ func runCmd(args []string, stderr io.Writer) int {
 		close(acquiring)
 		return failSignal(ctx, stderr, err)
 	}
-	defer b.Close()
+	h, code := acquire(ctx, b, &f, name, stderr)
+	close(acquiring)
+	if h == nil {
+		b.Close()
+		return code
+	}
+	if ctx.Err() != nil { // a signal came as the Acquire returned
+		h.Release()
+		b.Close()
+		return failSignal(ctx, stderr, ctx.Err())
+	}
+	code = supervise(h, b, name, f.backend, f.killAfter, argv, sigs, stderr)
+	if err := finish(h, b); err != nil {
+		fmt.Fprintf(stderr, "lock: release %s: %v\n", name, err)
+	}
+	return code
+}
+
+// parseRun parses the arguments of lock run: its flags, the name and the
+// command.
+func parseRun(args []string, stderr io.Writer) (f runFlags, name string, argv []string, err error) {
+	fs := flags("run", &f.common, stderr)
+	fs.BoolVar(&f.noWait, "n", false, "fail at once if the lock is held (the default)")
+	fs.Var(&f.wait, "w", "wait up to this long for the lock")
+	fs.IntVar(&f.conflict, "E", exitConflict, "exit code when the lock is held")
+	fs.DurationVar(&f.ttl, "ttl", 0, "lease length")
+	fs.IntVar(&f.max, "max-concurrent", 1, "permits of a semaphore")
+	fs.StringVar(&f.owner, "owner", "", "owner shown by inspect (default pid@host)")
+	fs.DurationVar(&f.killAfter, "kill-after", 0, "SIGKILL this long after SIGTERM on loss")
+	if err := parse(fs, &f.common, args, 3, -1); err != nil {
+		return f, "", nil, err
+	}
+	name, argv = fs.Arg(0), fs.Args()[1:]
+	switch {
+	case argv[0] != "--":
+		err = usagef("lock run: want NAME -- CMD [ARGS...], with the flags before NAME; got %q after the name", argv[0])
+	case f.noWait && f.wait.d > 0:
+		err = usagef("lock run: -n and -w exclude each other")
+	case f.conflict < 0 || f.conflict > 255:
+		err = usagef("lock run: -E %d: want 0 to 255", f.conflict)
+	case f.max < 1:
+		err = usagef("lock run: --max-concurrent %d: want at least 1", f.max)
+	case f.ttl < 0 || f.killAfter < 0:
+		err = usagef("lock run: --ttl and --kill-after must be positive")
+	}
+	return f, name, argv[1:], err
+}
+
+// acquire takes name on b as f says, filling in f's defaults that depend
+// on the backend (--kill-after, --owner). It returns the holder, or nil
+// and lock run's exit code.
+func acquire(ctx context.Context, b *backend, f *runFlags, name string, stderr io.Writer) (lock.Holder, int) {
 	ttl := b.ttl
 	if f.ttl > 0 {
 		if b.ttl == 0 {
-			close(acquiring)
-			return fail(stderr, usagef("lock run: --ttl: %s locks have no lease (they end with the %s)", b.kind, map[string]string{"flock": "lock file's descriptor", "pglock": "database session"}[b.kind]))
+			return nil, fail(stderr, usagef("lock run: --ttl: %s locks have no lease (they end with the %s)", b.kind, map[string]string{"flock": "lock file's descriptor", "pglock": "database session"}[b.kind]))
 		}
 		ttl = f.ttl
 	}
@@ -131,30 +159,62 @@ func runCmd(args []string, stderr io.Writer) int {
 		opts = append(opts, lock.WithWaitTimeout(f.wait.d))
 	}
 	h, err := b.AsLocker(opts...).Acquire(ctx, name)
-	close(acquiring)
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, lock.ErrLocked) {
-			what := "is held"
-			if f.wait.d > 0 {
-				what = fmt.Sprintf("is still held after waiting %v", f.wait.d)
-			}
-			fmt.Fprintf(stderr, "lock: %s %s\n", name, what)
-			return f.conflict
-		}
-		if errors.Is(err, lock.ErrInvalidName) || errors.Is(err, lock.ErrInvalidOption) || errors.Is(err, lock.ErrLimitMismatch) {
-			return fail(stderr, usagef("lock run: %v", err))
-		}
-		return failSignal(ctx, stderr, err)
+		return nil, acquireFailed(ctx, err, f, name, stderr)
 	}
-	if ctx.Err() != nil { // a signal came as the Acquire returned
+	return h, 0
+}
+
+// acquireFailed reports a failed Acquire and returns its exit code, by the
+// error's class: contention (lock.ErrLocked: the name is held, or -w ran
+// out while it was) is -E's code; a bad name or option, or a limit other
+// holders disagree with, is a usage error; anything else — the server
+// failed, went away or did not answer, also during a -w wait — is
+// exitUnavailable, or 128+n after a signal.
+func acquireFailed(ctx context.Context, err error, f *runFlags, name string, stderr io.Writer) int {
+	switch {
+	case ctx.Err() == nil && errors.Is(err, lock.ErrLocked):
+		what := "is held"
+		if f.wait.d > 0 {
+			what = fmt.Sprintf("is still held after waiting %v", f.wait.d)
+		}
+		fmt.Fprintf(stderr, "lock: %s %s\n", name, what)
+		return f.conflict
+	case errors.Is(err, lock.ErrInvalidName) || errors.Is(err, lock.ErrInvalidOption) || errors.Is(err, lock.ErrLimitMismatch):
+		return fail(stderr, usagef("lock run: %v", err))
+	}
+	return failSignal(ctx, stderr, err)
+}
+
+// lostGrace bounds the release and close of a lost lock on lock run's way
+// out. The store is likely out of reach (that is often why the lock was
+// lost), and each call would wait out the backend's release timeout
+// (backend.ReleaseTimeout, 10s) for nothing: a lost lock has nothing left to
+// release, and what may remain on the server (a Redis key, an etcd lease)
+// ends with its lease. Within the grace a reachable store still gets the
+// clean-up (redislock removes a key it gave up by its own clock).
+const lostGrace = 500 * time.Millisecond
+
+// finish releases h and closes b: in full if h was not lost, returning
+// Release's error; if it was, in the background for at most lostGrace,
+// which lock's exit then cuts short.
+func finish(h lock.Holder, b *backend) error {
+	if h.Err() == nil {
+		err := h.Release()
+		b.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
 		h.Release()
-		return failSignal(ctx, stderr, ctx.Err())
+		b.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(lostGrace):
 	}
-	code := supervise(h, b, name, f.backend, f.killAfter, argv, sigs, stderr)
-	if err := h.Release(); err != nil && code != exitLost {
-		fmt.Fprintf(stderr, "lock: release %s: %v\n", name, err)
-	}
-	return code
+	return nil
 }
 
 // signalError is the cause of a run ended by a signal before its command
