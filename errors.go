@@ -42,14 +42,17 @@ var (
 //	errors.Is(err, lock.ErrLocked)
 //	errors.Is(err, context.DeadlineExceeded)
 //
+// A WaitError says the store's last answer, at most backend.Fresh old,
+// was "held": a wait whose last look is older looks again before its
+// deadline.
+//
 // An outage is not contention: a waiting Acquire that ends because the
-// backend failed (an attempt's error, or, when the context ended before
-// any attempt could tell, a ping of the backend that fails) returns that
-// failure, saying "gave up waiting: <ctx cause>: <failure>" if the
-// context had ended; it matches the context's error and the failure, never
-// ErrLocked. The ping runs after the deadline for at most
-// backend.ProbeTimeout, so a waiting Acquire on a backend that does not
-// answer returns within its deadline plus that.
+// backend failed (an attempt's error; a store that does not answer; when
+// the context ended with no fresh answer, a ping of the backend that
+// fails) returns that failure, saying "<failure>: gave up waiting: <ctx
+// cause>" if the context had ended; it matches the context's error and the
+// failure, never ErrLocked. Every Acquire returns within backend.Grace of
+// its context's end, whatever the store does.
 type WaitError struct {
 	Locked error // the backend's ErrLocked
 	Cause  error // context.Cause of the Acquire context

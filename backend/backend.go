@@ -163,11 +163,17 @@ func endedBy(ctx context.Context, err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Cause(ctx))
 }
 
-// ProbeTimeout bounds the probe of a wait whose ctx ended before any
-// attempt could tell whether the name was held (see Call.Probe): it is the
-// margin past its deadline a waiting Acquire may take to tell an outage
-// from contention.
-const ProbeTimeout = time.Second
+// Grace is how long past the end of its ctx (its deadline, its
+// cancellation, or WithWaitTimeout) an Acquire may take, whatever the
+// store does: answer, refuse, reset or go silent. It bounds the probe of a
+// wait that ended without a fresh answer, and an Acquire whose store has
+// not answered by then returns without it (see Take).
+const Grace = 250 * time.Millisecond
+
+// Fresh is how old the store's last "held" answer may be for a wait that
+// ended with its ctx to say so (a lock.WaitError, matching
+// lock.ErrLocked); an older one is checked by the probe.
+const Fresh = time.Second
 
 // failedWait is the error of a waiting Acquire that ended because the
 // backend failed: it matches the ctx's cause and the failure, never
@@ -175,7 +181,7 @@ const ProbeTimeout = time.Second
 type failedWait struct{ cause, err error }
 
 func (e *failedWait) Error() string {
-	return "gave up waiting: " + e.cause.Error() + ": " + e.err.Error()
+	return e.err.Error() + ": gave up waiting: " + e.cause.Error()
 }
 func (e *failedWait) Unwrap() []error { return []error{e.cause, e.err} }
 
@@ -223,6 +229,20 @@ func CheckStore(ctx context.Context, storeErr error, key string) error {
 // (err is Resolve's error; take is not run when it is set): take, on a
 // context bounded by o.WaitTimeout when set (lock.WithWaitTimeout; the
 // holder does not depend on it), then Finish.
+//
+// With WithWait, an error that comes from ctx ending — before the first
+// attempt, during one, or while a session, lease or watch is set up — and
+// is not yet said by Wait is a lock.WaitError on c.Locked if c.Probe
+// succeeds (or is nil), and a failed wait carrying the probe's error if
+// it fails: an outage never matches ErrLocked.
+//
+// A backend whose store can fail (c.Probe set) returns within Grace of
+// ctx's end whatever the store and its client do: take runs on a
+// goroutine of its own, and one still running then is left to finish in
+// the background (a lock it gets is released). The error is then decided
+// by what the attempts learnt: a lock.WaitError if the last one, sent
+// within Fresh, found the name held; otherwise an error that says the
+// store did not answer and never matches lock.ErrLocked.
 func Take[H lock.Holder](ctx context.Context, c Call, o *lock.Options, err error, take func(ctx context.Context) (H, time.Duration, error)) (H, error) {
 	if o.WaitTimeout > 0 {
 		var cancel context.CancelFunc
@@ -232,9 +252,63 @@ func Take[H lock.Holder](ctx context.Context, c Call, o *lock.Options, err error
 	var h H
 	var wait time.Duration
 	if err == nil {
-		h, wait, err = take(ctx)
+		run := func(ctx context.Context) (H, time.Duration, error) {
+			h, wait, err := take(ctx)
+			switch {
+			case err == nil || !endedBy(ctx, err):
+			case o.Wait:
+				err = gaveUp(ctx, c.Locked, c.Probe)
+			case err == ctx.Err():
+				err = fmt.Errorf("%s: acquire: %w", c.Backend, err)
+			}
+			return h, wait, err
+		}
+		if c.Probe == nil || ctx.Done() == nil {
+			h, wait, err = run(ctx)
+		} else {
+			h, wait, err = bounded(ctx, c, o.Wait, run)
+		}
 	}
 	return Finish(ctx, c, o, h, wait, err)
+}
+
+// bounded runs run on a goroutine of its own and returns its result, or,
+// if it has not returned within Grace of ctx's end, an error decided by
+// the evidence its attempts left (see Take).
+func bounded[H lock.Holder](ctx context.Context, c Call, wait bool, run func(ctx context.Context) (H, time.Duration, error)) (H, time.Duration, error) {
+	type result struct {
+		h    H
+		wait time.Duration
+		err  error
+	}
+	ev := &evidence{start: time.Now()}
+	ctx = context.WithValue(ctx, evidenceKey{}, ev)
+	done := make(chan result, 1)
+	go func() {
+		h, wait, err := run(ctx)
+		done <- result{h, wait, err}
+	}()
+	var cut <-chan time.Time
+	select {
+	case r := <-done:
+		return r.h, r.wait, r.err
+	case <-ctx.Done():
+		t := time.NewTimer(Grace)
+		defer t.Stop()
+		cut = t.C
+	}
+	select {
+	case r := <-done:
+		return r.h, r.wait, r.err
+	case <-cut:
+	}
+	go func() {
+		if r := <-done; r.err == nil {
+			r.h.Release() // taken too late for the caller
+		}
+	}()
+	var zero H
+	return zero, ev.waited(), ev.late(ctx, c, wait)
 }
 
 // A Call names one Acquire for Finish.
@@ -250,20 +324,10 @@ type Call struct {
 	Probe func(ctx context.Context) error
 }
 
-// Finish ends a factory's Acquire: it applies the WaitError rule and
-// reports the outcome as one lock.OpAcquire event (latency from c.Start,
-// the wait spent queued, the token) through o. It returns h and the
-// error to give the caller.
-//
-// With WithWait, an error that comes from ctx ending — before the first
-// attempt, during one, or while a session, lease or watch is set up — and
-// is not yet said by Wait is a lock.WaitError on c.Locked if c.Probe
-// succeeds (or is nil), and a failed wait carrying the probe's error if
-// it fails: an outage never matches ErrLocked.
+// Finish ends a factory's Acquire: it reports the outcome as one
+// lock.OpAcquire event (latency from c.Start, the wait spent queued, the
+// token) through o. It returns h and the error to give the caller.
 func Finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wait time.Duration, err error) (H, error) {
-	if err != nil && o.Wait && endedBy(ctx, err) {
-		err = gaveUp(ctx, c.Locked, c.Probe)
-	}
 	e := lock.Event{Backend: c.Backend, Op: lock.OpAcquire, Name: c.Name, Latency: time.Since(c.Start), Wait: wait, Err: err}
 	if err == nil {
 		e.Token = h.Token()
@@ -277,14 +341,82 @@ func Finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wa
 // an outage.
 func gaveUp(ctx context.Context, locked error, probe func(context.Context) error) error {
 	if probe != nil {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ProbeTimeout)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Grace)
 		defer cancel()
 		if err := probe(pctx); err != nil {
 			if pctx.Err() != nil {
-				err = fmt.Errorf("no answer within %v: %w", ProbeTimeout, err)
+				err = fmt.Errorf("no answer within %v: %w", Grace, err)
 			}
 			return failure(ctx, err)
 		}
 	}
 	return lock.NewWaitError(locked, ctx)
+}
+
+// evidence is what the attempts of one bounded Acquire learnt from the
+// store, for an Acquire given up while one is still on its way. Wait
+// finds it in its ctx.
+type evidence struct {
+	start time.Time // when the Acquire began
+	mu    sync.Mutex
+	held  time.Time // when the last attempt, if it found the name held, was sent
+	heard time.Time // when the last attempt that got an answer was sent
+	first time.Time // when the first attempt found the name held: the wait began
+}
+
+type evidenceKey struct{}
+
+func evidenceOf(ctx context.Context) *evidence {
+	ev, _ := ctx.Value(evidenceKey{}).(*evidence)
+	return ev
+}
+
+// answered records an attempt sent at sent that ended with err: held if
+// err is contention, an answer unless ctx ended it.
+func (e *evidence) answered(sent time.Time, err error) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.held = time.Time{}
+	switch {
+	case errors.Is(err, lock.ErrLocked):
+		e.held, e.heard = sent, sent
+		if e.first.IsZero() {
+			e.first = sent
+		}
+	case err == nil || !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
+		e.heard = sent
+	}
+}
+
+// waited is the time spent waiting since the first contention.
+func (e *evidence) waited() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.first.IsZero() {
+		return 0
+	}
+	return time.Since(e.first)
+}
+
+// late is the error of an Acquire whose store did not answer within
+// Grace of ctx's end.
+func (e *evidence) late(ctx context.Context, c Call, wait bool) error {
+	e.mu.Lock()
+	held, heard := e.held, e.heard
+	e.mu.Unlock()
+	if wait && !held.IsZero() && time.Since(held) <= Fresh {
+		return lock.NewWaitError(c.Locked, ctx)
+	}
+	since := "since the call began"
+	if !heard.IsZero() {
+		since = fmt.Sprintf("for %v", time.Since(heard).Round(time.Millisecond))
+	}
+	err := fmt.Errorf("%s: acquire: no answer from the store %s", c.Backend, since)
+	if wait {
+		return failure(ctx, err)
+	}
+	return fmt.Errorf("%w: %w", err, context.Cause(ctx))
 }

@@ -107,7 +107,7 @@ func TestFinishReports(t *testing.T) {
 // succeeds or there is none; when the probe fails it is that failure,
 // not ErrLocked. Without WithWait, or for another error, the error is
 // left as it is.
-func TestFinishWaitEndedByContext(t *testing.T) {
+func TestTakeWaitEndedByContext(t *testing.T) {
 	locked := fmt.Errorf("toy: %w", lock.ErrLocked)
 	down := errors.New("toy: connection refused")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -121,7 +121,9 @@ func TestFinishWaitEndedByContext(t *testing.T) {
 			probed++
 			return probeErr
 		}}
-		_, err := backend.Finish(ctx, c, &lock.Options{Wait: wait}, tokenHolder{}, 0, takeErr)
+		_, err := backend.Take(ctx, c, &lock.Options{Wait: wait}, nil, func(context.Context) (tokenHolder, time.Duration, error) {
+			return tokenHolder{}, 0, takeErr
+		})
 		return err
 	}
 	mid := fmt.Errorf("toy: acquire: %w", context.Canceled)
@@ -222,6 +224,76 @@ func TestTake(t *testing.T) {
 	})
 	if err != bad || events != 1 {
 		t.Fatalf("Take after a resolve error = %v (%d events from the first call, want 1)", err, events)
+	}
+}
+
+// releasedHolder records its Release.
+type releasedHolder struct {
+	tokenHolder
+	released chan struct{}
+}
+
+func (h releasedHolder) Release() error { close(h.released); return nil }
+
+// A store that does not answer: Take returns within Grace of ctx's end
+// whatever take does, with an error decided by what the attempts learnt,
+// and a lock take gets afterwards is released.
+func TestTakeBounded(t *testing.T) {
+	locked := fmt.Errorf("toy: %w", lock.ErrLocked)
+	for _, tc := range []struct {
+		what   string
+		wait   bool
+		held   bool // an attempt found the name held just before the deadline
+		locked bool // want ErrLocked
+	}{
+		{"no wait", false, false, false},
+		{"wait, never answered", true, false, false},
+		{"wait, held lately", true, true, true},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			stuck := make(chan struct{})
+			h := releasedHolder{released: make(chan struct{})}
+			c := backend.Call{Backend: "toy", Name: "a", Locked: locked, Start: time.Now(), Probe: func(ctx context.Context) error {
+				<-stuck // the ping gets no answer either, and ignores ctx
+				return nil
+			}}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := backend.Take(ctx, c, &lock.Options{Wait: tc.wait}, nil, func(ctx context.Context) (releasedHolder, time.Duration, error) {
+				sub := &toySub{wake: make(chan struct{}, 1)}
+				w := backend.Waiting{Wait: tc.wait, Locked: locked, MinPoll: time.Hour, MaxPoll: time.Hour,
+					Subscribe: func() (backend.Subscription, error) { return sub, nil }}
+				n := 0
+				return backend.Wait(ctx, w, func() (releasedHolder, time.Duration, error) {
+					if n++; tc.held && n <= 2 {
+						if n == 2 {
+							sub.wake <- struct{}{} // the third attempt gets no answer
+						}
+						return releasedHolder{}, 0, locked
+					}
+					<-stuck // sent, never answered, whatever ctx says
+					return h, 0, nil
+				})
+			})
+			took := time.Since(start)
+			if err == nil || errors.Is(err, lock.ErrLocked) != tc.locked || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("err = %v; want ErrLocked %v, and the deadline", err, tc.locked)
+			}
+			if !tc.locked && !strings.HasPrefix(err.Error(), "toy: acquire: no answer from the store") {
+				t.Errorf("err = %q; want it to say the store did not answer", err)
+			}
+			t.Logf("%v after %v", err, took)
+			close(stuck)
+			if tc.held {
+				return
+			}
+			select {
+			case <-h.released:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the lock taken after the call returned was not released")
+			}
+		})
 	}
 }
 

@@ -51,11 +51,13 @@ type Waiting struct {
 // waiting after the first contention.
 //
 // With w.Wait, a wait that ends with ctx while the last completed attempt
-// found the name held returns a lock.WaitError on w.Locked; an attempt
+// found the name held, and was sent within Fresh, returns a
+// lock.WaitError on w.Locked; before a deadline Wait makes such an
+// attempt if the last one is older (however long the poll); an attempt
 // that fails other than by ctx's ending ends the wait with that failure
 // (said as a wait that gave up if ctx has ended), which never matches
-// lock.ErrLocked. When ctx ends before any attempt completed, Wait
-// returns ctx's error and Finish decides (see Call.Probe).
+// lock.ErrLocked. When ctx ends before any attempt told lately, Wait
+// returns ctx's error and Take decides (see Call.Probe).
 func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duration, error)) (H, time.Duration, error) {
 	var (
 		zero  H
@@ -64,7 +66,9 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 		timer *time.Timer
 		poll  = w.MinPoll
 		skip  bool
-		held  bool // an attempt found the name held (any other outcome ends the wait)
+		held  bool      // an attempt found the name held (any other outcome ends the wait)
+		sent  time.Time // when the last attempt that found it held was sent
+		ev    = evidenceOf(ctx)
 	)
 	waited := func() time.Duration {
 		if sub == nil {
@@ -83,10 +87,10 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 	failed := func(err error) (H, time.Duration, error) {
 		switch {
 		case !w.Wait || ctx.Err() == nil:
-		case held && (err == nil || endedBy(ctx, err)):
+		case held && (err == nil || endedBy(ctx, err)) && time.Since(sent) <= Fresh:
 			err = lock.NewWaitError(w.Locked, ctx)
 		case err == nil || endedBy(ctx, err):
-			err = ctx.Err() // nothing told: Finish probes
+			err = ctx.Err() // nothing told lately: the probe decides (see Take)
 		default:
 			err = failure(ctx, err)
 		}
@@ -112,7 +116,9 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 			wake = sub.Wake()
 		}
 		if !skip {
+			at := time.Now()
 			h, retry, err := attempt()
+			ev.answered(at, err)
 			switch {
 			case err == nil:
 				return h, waited(), nil
@@ -121,7 +127,7 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 			case !w.Wait:
 				return zero, 0, err
 			}
-			held = true
+			held, sent = true, at
 			if sub == nil {
 				if err := subscribe(); err != nil {
 					return failed(err)
@@ -134,6 +140,11 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 		d := poll
 		if hint > 0 {
 			d = min(d, hint)
+		}
+		if end, ok := ctx.Deadline(); ok && sent.Before(end.Add(-Fresh)) {
+			// A last look within Fresh of the deadline, so that a wait
+			// that runs out can say whether the name was still held.
+			d = min(d, time.Until(end.Add(-Fresh/2)))
 		}
 		timer.Reset(max(d, time.Millisecond))
 		select {

@@ -186,3 +186,35 @@ func TestWaitHintCapsPoll(t *testing.T) {
 		t.Fatalf("%d, %v", n, err)
 	}
 }
+
+// A wait whose last look would be older than Fresh at its deadline looks
+// once more before it, however long the poll: the WaitError it returns
+// says the name was held lately.
+func TestWaitLooksBeforeDeadline(t *testing.T) {
+	l := newToyLock()
+	var sent []time.Time
+	attempt := func() (int, time.Duration, error) {
+		sent = append(sent, time.Now())
+		return l.attempt()
+	}
+	start := time.Now()
+	end := start.Add(backend.Fresh + 300*time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), end)
+	defer cancel()
+	_, _, err := backend.Wait(ctx, l.waiting(true), attempt) // polls every hour
+	if !errors.Is(err, lock.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v; want a WaitError", err)
+	}
+	last := sent[len(sent)-1]
+	if len(sent) != 3 || last.Before(end.Add(-backend.Fresh)) {
+		t.Fatalf("attempts at %v after the start, deadline %v; want a third within %v of the deadline", offsets(start, sent), end.Sub(start), backend.Fresh)
+	}
+}
+
+func offsets(start time.Time, ts []time.Time) []time.Duration {
+	var d []time.Duration
+	for _, t := range ts {
+		d = append(d, t.Sub(start).Round(time.Millisecond))
+	}
+	return d
+}

@@ -264,10 +264,10 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		return nil, 0, err
 	}
 	q := newQueue(name, o)
-	// A wait whose ctx ends mid-request, or while the lease or the watch
-	// is set up, returns ctx's error: Finish tells, by its probe, a wait
-	// that gave up from an outage. One that ends while queued behind
-	// holders is a WaitError here.
+	// A wait whose ctx ends mid-request, while the lease or the watch is
+	// set up, or while queued, returns ctx's error: backend.Take tells, by
+	// its probe, a wait that gave up on contention from one that gave up
+	// on an outage.
 	var waitStart time.Time
 	waited := func() time.Duration {
 		if waitStart.IsZero() {
@@ -470,8 +470,10 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 		select {
 		case <-ws.ch:
 		case <-ctx.Done():
+			// Held as far as the watch told; whether etcd still answers,
+			// the probe says (see backend.Take).
 			f.abandon(w, s, c, rev)
-			return nil, lock.NewWaitError(ErrLocked, ctx)
+			return nil, ctx.Err()
 		case <-f.ctx.Done():
 			f.abandon(w, s, c, rev)
 			return nil, lock.ErrClosed
@@ -482,9 +484,9 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 			if err != nil {
 				f.abandon(w, s, c, rev)
 				if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-					return nil, lock.NewWaitError(ErrLocked, ctx)
+					return nil, ctx.Err() // the probe decides
 				}
-				return nil, err // a failure, not contention
+				return nil, fmt.Errorf("etcdlock: acquire: %w", err) // a failure, not contention
 			}
 			base = g.Header.Revision
 			clear(ahead)

@@ -638,7 +638,7 @@ func (s *suite) wait(t *testing.T) {
 
 // outage: an Acquire on a backend that cannot be reached fails with an
 // error that does not match ErrLocked, waiting or not, and a waiting one
-// returns within its deadline plus backend.ProbeTimeout. The bound
+// returns within its deadline plus backend.Grace. The bound
 // checked is that plus 5s, a guard against a hang, not a timing target.
 func (s *suite) outage(t *testing.T) {
 	if s.Broken == nil {
@@ -670,7 +670,7 @@ func (s *suite) outage(t *testing.T) {
 		if errors.Is(err, lock.ErrLocked) || errors.Is(err, s.ErrLocked) {
 			t.Errorf("%s: Acquire on a backend that cannot be reached = %v; it matches ErrLocked, as if the name were held", c.what, err)
 		}
-		if bound := c.d + backend.ProbeTimeout + 5*time.Second; took > bound {
+		if bound := c.d + backend.Grace + 5*time.Second; took > bound {
 			t.Errorf("%s: Acquire with a deadline of %v returned after %v", c.what, c.d, took)
 		}
 		t.Logf("%s, deadline %v: %v after %v", c.what, c.d, err, took)
