@@ -140,7 +140,7 @@ func (f *Factory) leaveQueue(ctx context.Context, k keys, id string, ls lease, w
 	if !w.joined {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backend.ProbeTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backend.Grace)
 	s, keys, args := f.releaseCall(k, id, ls)
 	err := s.Run(cctx, f.c, keys, args...).Err()
 	cancel()
@@ -425,10 +425,10 @@ func (h *hub) read(ps *redis.PubSub) {
 				// The connection broke. go-redis reconnects and
 				// subscribes again on the next receive; the confirmations
 				// then wake every waiter. Until then grants may be lost:
-				// no waiter joins a queue.
-				h.mu.Lock()
-				h.ready = false
-				h.mu.Unlock()
+				// no waiter joins a queue, and every waiter looks at once,
+				// so that a wait learns of an outage when it begins, not
+				// at its deadline.
+				h.broken()
 				t := time.NewTimer(backoff)
 				select {
 				case <-t.C:
@@ -452,6 +452,18 @@ func (h *hub) read(ps *redis.PubSub) {
 			if m.Kind == "subscribe" {
 				h.confirmed(m.Channel)
 			}
+		}
+	}
+}
+
+// broken wakes every waiter after the connection broke.
+func (h *hub) broken() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ready = false
+	for _, ws := range h.chans {
+		for _, w := range ws {
+			signal(w)
 		}
 	}
 }
