@@ -260,10 +260,12 @@ func TestPoolExhaustion(t *testing.T) {
 // dropped in both directions while the sockets stay open, as with a
 // partition.
 type proxy struct {
-	ln    net.Listener
-	cut   atomic.Bool
-	mu    sync.Mutex
-	conns []net.Conn
+	ln  net.Listener
+	cut atomic.Bool
+
+	mu     sync.Mutex
+	conns  []net.Conn
+	refuse bool // new connections are closed at once (see drop and close)
 }
 
 func startProxy(t testing.TB, upstream string) *proxy {
@@ -284,8 +286,14 @@ func startProxy(t testing.TB, upstream string) *proxy {
 				continue
 			}
 			p.mu.Lock()
+			refuse := p.refuse
 			p.conns = append(p.conns, c, u)
 			p.mu.Unlock()
+			if refuse {
+				c.Close()
+				u.Close()
+				continue
+			}
 			go p.pipe(c, u)
 			go p.pipe(u, c)
 		}
@@ -315,13 +323,20 @@ func (p *proxy) pipe(from, to net.Conn) {
 
 func (p *proxy) port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
 
-func (p *proxy) close() {
-	p.ln.Close()
+// drop closes every connection through the proxy and refuses new ones, as
+// a server that went away would.
+func (p *proxy) drop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.refuse = true
 	for _, c := range p.conns {
 		c.Close()
 	}
+}
+
+func (p *proxy) close() {
+	p.ln.Close()
+	p.drop()
 }
 
 // With the network cut, the health check runs out, the holder is told,
@@ -445,5 +460,127 @@ func TestNetworkCutEverySessionWithinBound(t *testing.T) {
 		if !errors.Is(h.Err(), pglock.ErrLockLost) {
 			t.Fatalf("Err = %v", h.Err())
 		}
+	}
+}
+
+// proxied returns a pool whose connections go through a new proxy to the
+// test server.
+func proxied(t testing.TB, configure ...func(*pgxpool.Config)) (*proxy, *pgxpool.Pool) {
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	via := func(c *pgxpool.Config) { c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", p.port() }
+	pool := newPool(t, append(configure, via)...)
+	// Before the pool closes: its connections then end at once, instead of
+	// pgx waiting on a silent server to close one that timed out.
+	t.Cleanup(p.close)
+	return p, pool
+}
+
+// A server that does not answer (the network to it frozen) is an outage,
+// said as such: a new Acquire fails by WithConnectTimeout,
+// WithStatementTimeout or its ctx deadline with an error naming the
+// missing answer, which matches neither ErrPoolExhausted (the pool has
+// connections to spare) nor ErrLocked, with or without WithWait. The
+// factory meets the silence wherever it first asks: pinging an idle pool
+// connection, connecting a new one, opening a lock session on an idle one
+// pgxpool did not ping, or on the lock session it has open.
+func TestFrozenServerAcquire(t *testing.T) {
+	states := []struct {
+		name    string
+		ping    bool // pgxpool pings the idle connection (as one idle over a second)
+		reset   bool // the pool has no connection: a new one is connected
+		session bool // the factory has its lock session open
+	}{
+		{name: "pinged idle connection", ping: true},
+		{name: "new connection", reset: true},
+		{name: "idle connection"},
+		{name: "open session", session: true},
+	}
+	bounds := []struct {
+		name                    string
+		connect, stmt, deadline time.Duration
+		wait                    bool
+	}{
+		{"timeouts", 500 * time.Millisecond, 500 * time.Millisecond, time.Minute, false},
+		{"timeouts, waiting", 500 * time.Millisecond, 500 * time.Millisecond, time.Minute, true},
+		{"ctx deadline", time.Minute, 2 * time.Second, 500 * time.Millisecond, false},
+	}
+	for _, st := range states {
+		for _, b := range bounds {
+			t.Run(st.name+", "+b.name, func(t *testing.T) {
+				p, pool := proxied(t, func(c *pgxpool.Config) {
+					if st.ping {
+						c.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
+					}
+				})
+				f := newFactory(t, pool, pglock.WithConnectTimeout(b.connect), pglock.WithStatementTimeout(b.stmt),
+					pglock.WithHealthInterval(time.Hour))
+				name := uniq(t) // the same name, so the same lock session
+				if st.session && !acquired(t, f, name) {
+					t.Fatal("no lock before the freeze")
+				}
+				if st.reset {
+					pool.Reset()
+				}
+				var opts []pglock.Option
+				if b.wait {
+					opts = append(opts, pglock.WithWait())
+				}
+				p.cut.Store(true)
+				ctx, cancel := context.WithTimeout(context.Background(), b.deadline)
+				defer cancel()
+				start := time.Now()
+				_, err := f.Acquire(ctx, name, opts...)
+				t.Logf("Acquire after %v: %v", time.Since(start).Round(time.Millisecond), err)
+				switch {
+				case err == nil:
+					t.Fatal("Acquire succeeded on a server that does not answer")
+				case errors.Is(err, lock.ErrLocked), errors.Is(err, pglock.ErrPoolExhausted):
+					t.Fatalf("Acquire = %v; want an outage, not contention or an exhausted pool", err)
+				case !strings.Contains(err.Error(), "no answer"):
+					t.Fatalf("Acquire = %q; want it to name the missing answer", err)
+				case !b.wait && !strings.HasPrefix(err.Error(), "pglock: "):
+					t.Fatalf("Acquire = %q; want \"pglock: <what>: <detail>\"", err)
+				}
+			})
+		}
+	}
+}
+
+// A waiter whose connections close under it (the server went away) gets
+// an error in the documented form, "pglock: <what>: <detail>", never
+// contention.
+func TestWaiterConnectionDropped(t *testing.T) {
+	direct := newPool(t)
+	p, pool := proxied(t)
+	name := uniq(t)
+	h, err := newFactory(t, direct).Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	// No health check: the waiter is the one to find the sessions gone.
+	f := newFactory(t, pool, pglock.WithHealthInterval(time.Hour))
+	got := make(chan error, 1)
+	go func() {
+		w, err := f.Acquire(ctxT(t), name, pglock.WithWait())
+		if err == nil {
+			w.Release()
+		}
+		got <- err
+	}()
+	eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, direct, name) == 1 })
+	p.drop()
+	select {
+	case err := <-got:
+		t.Logf("waiter: %v", err)
+		if err == nil || errors.Is(err, lock.ErrLocked) || !strings.HasPrefix(err.Error(), "pglock: ") {
+			t.Fatalf("waiter whose connections closed = %q; want an error starting \"pglock: \", not ErrLocked", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter did not return within 30s of its connections closing")
 	}
 }

@@ -111,7 +111,7 @@ func (h *Holder) unlockOnSession(ctx context.Context) (held, handed bool, err er
 		held, handed, pid, err = h.unlock(sc)
 		if err != nil {
 			// Unknown or failed: close the session, which frees the lock.
-			return sc.fail(fmt.Errorf("pglock: release of %q: %w", h.Name(), err))
+			return sc.fail(sc.wrap(fmt.Sprintf("release of %q", h.Name()), err))
 		}
 		if err := sc.checkPID(pid); err != nil {
 			return err

@@ -169,8 +169,8 @@ func WithPollInterval(d time.Duration) Option { return duration("WithPollInterva
 
 // WithConnectTimeout bounds the wait for a pool connection when the factory
 // opens a lock session or its listener, so an exhausted pool gives
-// ErrPoolExhausted instead of a hang. Default DefaultConnectTimeout.
-// Factory option.
+// ErrPoolExhausted, and a server that does not answer an error saying so,
+// instead of a hang. Default DefaultConnectTimeout. Factory option.
 func WithConnectTimeout(d time.Duration) Option {
 	return duration("WithConnectTimeout", connectTimeoutKey{}, d)
 }

@@ -31,7 +31,10 @@ var (
 	ErrLocked   = fmt.Errorf("pglock: %w", lock.ErrLocked)
 	ErrLockLost = fmt.Errorf("pglock: %w", lock.ErrLockLost)
 	// ErrPoolExhausted: the factory needed a new lock session or listener
-	// and the pool gave no connection within WithConnectTimeout.
+	// and the pool gave no connection within WithConnectTimeout, every one
+	// held by others. A server that does not answer (an idle connection's
+	// ping, or a new connection, got no reply) is not this: its error says
+	// "no answer from the server".
 	ErrPoolExhausted = errors.New("pglock: no pool connection for a lock session")
 	// ErrSessionChanged: a transaction-mode pooler is in the way. The
 	// factory's first Acquire refuses one it detects, before any lock is

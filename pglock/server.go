@@ -76,13 +76,15 @@ const poolerRounds = 3
 // the simple protocol, which a transaction pooler passes: 4 × poolerRounds
 // round trips, once per factory.
 func (f *Factory) checkPooler(ctx context.Context, c *pgx.Conn, pid int32) error {
-	pc, err := f.poolConn(ctx, "checking for a transaction-mode pooler")
+	pc, err := f.poolConn(ctx, "acquire: checking for a transaction-mode pooler")
 	if err != nil {
 		return err
 	}
 	defer pc.Release() // a connection left in a transaction is closed by the pool
 	oc := pc.Conn().PgConn()
-	fail := func(err error) error { return fmt.Errorf("pglock: checking for a transaction-mode pooler: %w", err) }
+	fail := func(err error) error {
+		return fmt.Errorf("pglock: acquire: checking for a transaction-mode pooler: %w", err)
+	}
 	mine := func() (int32, error) {
 		var p int32
 		err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&p)

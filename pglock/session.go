@@ -61,7 +61,7 @@ func (s *session) do(ctx context.Context, open bool, fn func(sc *sessionConn) er
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("pglock: waiting for lock session %d, busy with another statement: %w", s.idx, ctx.Err())
 	}
 	defer func() { <-s.sem }()
 	if s.conn == nil {
@@ -99,7 +99,7 @@ func (s *session) open(ctx context.Context) error {
 	if err := s.f.refusal(); err != nil {
 		return err
 	}
-	c, err := s.f.hijack(ctx)
+	c, err := s.f.hijack(ctx, "acquire: opening a lock session")
 	if err != nil {
 		return err
 	}
@@ -129,10 +129,13 @@ func (s *session) open(ctx context.Context) error {
 	}
 	if err != nil {
 		closeConn(c)
-		if strings.HasPrefix(err.Error(), "pglock:") {
+		switch {
+		case strings.HasPrefix(err.Error(), "pglock:"):
 			return err
+		case silent(sctx, err):
+			return noAnswer("acquire: opening a lock session", s.f.set.stmtTimeout, err)
 		}
-		return fmt.Errorf("pglock: opening a lock session: %w", err)
+		return fmt.Errorf("pglock: acquire: opening a lock session: %w", err)
 	}
 	s.conn, s.pid, s.lastUsed = c, uint32(pid), time.Now()
 	// Prepared once per connection, each statement is then one round trip;
@@ -174,8 +177,8 @@ func (f *Factory) setup(ctx context.Context, c *pgx.Conn, pid int32, version str
 }
 
 // hijack takes a connection out of the pool for good (see poolConn).
-func (f *Factory) hijack(ctx context.Context) (*pgx.Conn, error) {
-	pc, err := f.poolConn(ctx, "opening a lock session")
+func (f *Factory) hijack(ctx context.Context, what string) (*pgx.Conn, error) {
+	pc, err := f.poolConn(ctx, what)
 	if err != nil {
 		return nil, err
 	}
@@ -183,9 +186,14 @@ func (f *Factory) hijack(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // poolConn takes a connection from the pool for what, waiting at most the
-// connect timeout (and never past ctx) so that an exhausted pool is
-// ErrPoolExhausted, not a hang.
+// connect timeout (and never past ctx), so that neither an exhausted pool
+// nor a silent server is a hang. Time running out is ErrPoolExhausted only
+// if others held every pool connection all along; if one was idle when we
+// asked (pgxpool pings one idle for a second), was being connected, or
+// the pool had room, what did not come was the server's answer.
 func (f *Factory) poolConn(ctx context.Context, what string) (*pgxpool.Conn, error) {
+	idle := f.pool.Stat().IdleConns()
+	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, f.set.connectTimeout)
 	defer cancel()
 	pc, err := f.pool.Acquire(actx)
@@ -193,13 +201,30 @@ func (f *Factory) poolConn(ctx context.Context, what string) (*pgxpool.Conn, err
 		return pc, nil
 	}
 	st := f.pool.Stat()
+	inUse := fmt.Sprintf("%d of %d in use", st.AcquiredConns(), st.MaxConns())
 	switch {
+	case actx.Err() == nil:
+		return nil, fmt.Errorf("pglock: %s: %w", what, err)
+	case errors.Is(actx.Err(), context.DeadlineExceeded) && (idle > 0 || st.ConstructingConns() > 0 || st.AcquiredConns() < st.MaxConns()):
+		d, _ := actx.Deadline()
+		return nil, fmt.Errorf("pglock: %s: no answer from the server within %v (pool connections: %s, %d connecting): %w",
+			what, d.Sub(start).Round(time.Millisecond), inUse, st.ConstructingConns(), err)
 	case ctx.Err() != nil:
-		return nil, fmt.Errorf("pglock: %s: waiting for a pool connection (%d of %d in use): %w", what, st.AcquiredConns(), st.MaxConns(), ctx.Err())
-	case actx.Err() != nil:
-		return nil, fmt.Errorf("%w within %v (%d of %d in use): %w", ErrPoolExhausted, f.set.connectTimeout, st.AcquiredConns(), st.MaxConns(), err)
+		return nil, fmt.Errorf("pglock: %s: waiting for a pool connection (%s): %w", what, inUse, ctx.Err())
 	}
-	return nil, fmt.Errorf("pglock: %s: %w", what, err)
+	return nil, fmt.Errorf("%w within %v (%s): %w", ErrPoolExhausted, f.set.connectTimeout, inUse, err)
+}
+
+// noAnswer is the error of a step the server did not answer within d: an
+// outage, which never matches ErrLocked or ErrPoolExhausted.
+func noAnswer(what string, d time.Duration, err error) error {
+	return fmt.Errorf("pglock: %s: no answer from the server within %v: %w", what, d.Round(time.Millisecond), err)
+}
+
+// silent reports whether err is a statement's running out of the time ctx
+// gave it: the server did not answer.
+func silent(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded)
 }
 
 // closeConn ends a connection at once. pgx closes a connection that failed
@@ -231,6 +256,26 @@ func (sc *sessionConn) checkPID(pid int32) error {
 	return sc.fail(err)
 }
 
+// wrap says err, a statement's failure on the session, as "pglock: what:
+// ...", naming the server's silence when the statement ran out of time.
+func (sc *sessionConn) wrap(what string, err error) error {
+	if silent(sc.ctx, err) {
+		return noAnswer(what, sc.s.f.set.stmtTimeout, err)
+	}
+	return fmt.Errorf("pglock: %s: %w", what, err)
+}
+
+// failed is the error of a statement that failed on the session with err,
+// said as what's: a clean server error leaves the session as it was, any
+// other closes it.
+func (sc *sessionConn) failed(what string, err error) error {
+	err = sc.wrap(what, err)
+	if sc.clean(err) {
+		return err
+	}
+	return sc.fail(err)
+}
+
 // clean reports whether err is a server error that left the session
 // usable: anything else (network, a use that ran out of time, a fatal
 // error) leaves its state unknown.
@@ -253,7 +298,7 @@ func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
 		sc.s.f.refuse(err)
 		return sc.fail(err)
 	}
-	err = fmt.Errorf("pglock: acquire: %w", err)
+	err = sc.wrap("acquire", err)
 	if len(keys) == 0 && mark == 0 && sc.clean(err) {
 		return err
 	}
@@ -461,7 +506,7 @@ func (s *session) check() {
 	s.use(context.Background(), func(sc *sessionConn) error {
 		var pid int32
 		if err := sc.queryRow("SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			return sc.fail(fmt.Errorf("pglock: health check: %w", err))
+			return sc.fail(sc.wrap("health check", err))
 		}
 		return sc.checkPID(pid)
 	})

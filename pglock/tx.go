@@ -129,7 +129,7 @@ func (f *Factory) takeInTx(ctx context.Context, tx pgx.Tx, name string, o *lock.
 	returned()
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return nil, ctx.Err() // cancelled: tx is aborted
+		return nil, fmt.Errorf("pglock: acquire in transaction: %w (the transaction is aborted)", ctx.Err())
 	case err != nil && bound.Err() != nil:
 		return nil, fmt.Errorf("pglock: acquire in transaction: no answer within %v (the transaction is aborted): %w", f.set.stmtTimeout, err)
 	case err != nil:
@@ -167,7 +167,7 @@ func (f *Factory) txSetup(ctx context.Context) error {
 	case f.setupDone || f.txReady:
 		return nil
 	}
-	pc, err := f.poolConn(ctx, "setting up")
+	pc, err := f.poolConn(ctx, "acquire in transaction: setting up")
 	if err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func (f *Factory) txSetup(ctx context.Context) error {
 	err = checkVersion(pc.Conn().PgConn().ParameterStatus("crdb_version"))
 	if err == nil {
 		if err = pc.QueryRow(ctx, "SELECT version()", pgx.QueryExecModeSimpleProtocol).Scan(&version); err != nil {
-			return fmt.Errorf("pglock: setting up: %w", err)
+			return fmt.Errorf("pglock: acquire in transaction: setting up: %w", err)
 		}
 		err = checkVersion(version)
 	}

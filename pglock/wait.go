@@ -224,7 +224,7 @@ func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Op
 	}
 	switch {
 	case err != nil && !sc.clean(err):
-		sc.fail(fmt.Errorf("pglock: waiting: %w", err)) // frees whatever it held
+		sc.fail(sc.wrap("waiting", err)) // frees whatever it held
 		if err := ended(); err != nil {
 			return nil, err
 		}
@@ -232,7 +232,7 @@ func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Op
 	case ended() != nil:
 		// Granted or not, the key is given up, with a row written for it.
 		if _, err := sc.c.Exec(sc.ctx, f.st.unlock, []int64{e.keys.mutex}, int64(0), false); err != nil {
-			sc.fail(err)
+			sc.fail(sc.wrap("giving up a wait", err))
 		}
 		return nil, ended()
 	}
@@ -335,10 +335,7 @@ func (w *waitReg) Close() {
 		delete(s.waits, w.key)
 		var pid int32
 		if err := sc.queryRow("SELECT pg_advisory_unlock_shared($1::int8), pg_backend_pid()", w.key).Scan(nil, &pid); err != nil {
-			if sc.clean(err) {
-				return err
-			}
-			return sc.fail(err)
+			return sc.failed("waiting", err)
 		}
 		return sc.checkPID(pid)
 	})
@@ -362,10 +359,7 @@ func (f *Factory) holdIntent(w *waitReg) error {
 			var ok bool
 			var pid int32
 			if err := sc.queryRow("SELECT pg_try_advisory_lock($1::int8), pg_backend_pid()", k).Scan(&ok, &pid); err != nil {
-				if sc.clean(err) {
-					return err
-				}
-				return sc.fail(err)
+				return sc.failed("waiting", err)
 			}
 			if err := sc.checkPID(pid); err != nil || !ok {
 				return err
@@ -397,10 +391,7 @@ func (f *Factory) dropIntent(w *waitReg) {
 		delete(s.waits, k)
 		var pid int32
 		if err := sc.queryRow("SELECT pg_advisory_unlock($1::int8), pg_backend_pid()", k).Scan(nil, &pid); err != nil {
-			if sc.clean(err) {
-				return err
-			}
-			return sc.fail(err)
+			return sc.failed("waiting", err)
 		}
 		return sc.checkPID(pid)
 	})
@@ -419,10 +410,7 @@ func (f *Factory) markWaiter(w *waitReg) error {
 		if s.waits[w.key] == 0 {
 			var pid int32
 			if err := sc.queryRow("SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1::int8)", w.key).Scan(&pid); err != nil {
-				if sc.clean(err) {
-					return err
-				}
-				return sc.fail(err)
+				return sc.failed("waiting", err)
 			}
 			if err := sc.checkPID(pid); err != nil {
 				return err
@@ -477,7 +465,7 @@ func (l *listener) ensure(ctx context.Context) error {
 	if running || closed || time.Since(failed) < l.f.set.poll {
 		return nil
 	}
-	c, err := l.f.hijack(ctx)
+	c, err := l.f.hijack(ctx, "waiting: opening the listener")
 	if err != nil {
 		l.mu.Lock()
 		l.failed = time.Now()
@@ -486,13 +474,13 @@ func (l *listener) ensure(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.f.set.stmtTimeout)
 	defer cancel()
-	if _, err := c.Exec(sctx, "SELECT set_config('application_name', $1, false)", pgx.QueryExecModeSimpleProtocol, l.f.set.appName); err != nil {
-		closeConn(c)
-		return err
+	_, err = c.Exec(sctx, "SELECT set_config('application_name', $1, false)", pgx.QueryExecModeSimpleProtocol, l.f.set.appName)
+	if err == nil {
+		_, err = c.Exec(sctx, "LISTEN "+notifyChannel)
 	}
-	if _, err := c.Exec(sctx, "LISTEN "+notifyChannel); err != nil {
+	if err != nil {
 		closeConn(c)
-		return err
+		return fmt.Errorf("pglock: waiting: opening the listener: %w", err)
 	}
 	lctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
