@@ -345,7 +345,7 @@ func gaveUp(ctx context.Context, locked error, probe func(context.Context) error
 		defer cancel()
 		if err := probe(pctx); err != nil {
 			if pctx.Err() != nil {
-				err = fmt.Errorf("no answer within %v: %w", Grace, err)
+				err = fmt.Errorf("%w: no answer within %v", err, Grace)
 			}
 			return failure(ctx, err)
 		}

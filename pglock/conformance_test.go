@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ubgo/lock"
-	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"github.com/ubgo/lock/pglock"
 )
@@ -54,8 +53,8 @@ func runConformance(t *testing.T, pool, direct *pgxpool.Pool, opts ...pglock.Opt
 		Lister:      func(testing.TB) lock.Lister { return fs[1] },
 		// Plain holders write no row that List could find.
 		ListOwnedOnly: true,
-		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
-			pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.ClosedAddr(t)+"/test?sslmode=disable")
+		Dial: func(t testing.TB, addr string, opts ...lock.Option) lock.Locker {
+			pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+addr+"/test?sslmode=disable")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -49,8 +49,8 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 		Lister:      func(testing.TB) lock.Lister { return fs[1] },
 		// The keys hold no name: a hashed one is listed escaped.
 		ListEscapesLongNames: true,
-		Broken: func(t testing.TB, opts ...lock.Option) lock.Locker {
-			c := redis.NewClient(&redis.Options{Addr: testenv.ClosedAddr(t)})
+		Dial: func(t testing.TB, addr string, opts ...lock.Option) lock.Locker {
+			c := redis.NewClient(&redis.Options{Addr: addr})
 			f := NewFactory(c, WithKeyPrefix(testPrefix), WithLogger(nil))
 			t.Cleanup(func() { f.Close(); c.Close() })
 			return f.AsLocker(opts...)
