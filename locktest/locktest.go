@@ -31,6 +31,7 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // Backend describes the backend under test and the capabilities it claims;
@@ -660,7 +661,7 @@ func (s *suite) outage(t *testing.T) {
 			call{"WithWaitTimeout", time.Hour, []lock.Option{lock.WithWait(), lock.WithWaitTimeout(300 * time.Millisecond)}},
 			call{"WithWait, ctx already done", 0, []lock.Option{lock.WithWait()}})
 	}
-	for _, srv := range []struct{ what, addr string }{{"closed port", closedAddr(t)}, {"silent server", silentAddr(t)}} {
+	for _, srv := range []struct{ what, addr string }{{"closed port", testenv.ClosedAddr(t)}, {"silent server", silentAddr(t)}} {
 		t.Run(strings.ReplaceAll(srv.what, " ", ""), func(t *testing.T) {
 			for _, c := range calls {
 				s.outageCall(t, s.Dial(t, srv.addr, c.opts...), c.what, c.d)
@@ -691,17 +692,6 @@ func (s *suite) outageCall(t *testing.T, l lock.Locker, what string, d time.Dura
 		t.Errorf("%s: Acquire with a deadline of %v returned after %v", what, d, took)
 	}
 	t.Logf("%s, deadline %v: %v after %v", what, d, err, took)
-}
-
-// closedAddr returns the address of a port nothing listens on.
-func closedAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // silentAddr returns the address of a server that accepts connections,
