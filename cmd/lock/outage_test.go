@@ -116,8 +116,9 @@ func (w *lineWriter) await(t *testing.T, sub string) time.Time {
 		w.mu.Lock()
 		for i, l := range w.lines {
 			if strings.Contains(l, sub) {
+				at := w.at[i]
 				w.mu.Unlock()
-				return w.at[i]
+				return at
 			}
 		}
 		changed := w.changed

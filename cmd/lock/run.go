@@ -277,8 +277,10 @@ func supervise(h lock.Holder, b *backend, name, url string, killAfter time.Durat
 			syscall.Kill(-group, syscall.SIGKILL)
 		case <-exited:
 			if lost {
-				// What the command left behind in its group goes too.
-				syscall.Kill(-group, syscall.SIGKILL)
+				// What the command left behind in its group goes too,
+				// before lock exits: a caller that sees 75 may start the
+				// work again.
+				killGroup(group)
 				return exitLost
 			}
 			// The lock may have been lost as the command exited: the
@@ -290,6 +292,18 @@ func supervise(h lock.Holder, b *backend, name, url string, killAfter time.Durat
 			}
 			return status(cmd.ProcessState)
 		}
+	}
+}
+
+// killGroup kills process group g and waits, a second at most, until the
+// kernel has ended every member (SIGKILL is delivered asynchronously).
+func killGroup(g int) {
+	syscall.Kill(-g, syscall.SIGKILL)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		if syscall.Kill(-g, 0) == syscall.ESRCH {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
