@@ -7,6 +7,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/ubgo/lock v0.0.0
+	github.com/ubgo/lock/contrib/gocronlock v0.0.0
 	github.com/ubgo/lock/etcdlock v0.0.0
 	github.com/ubgo/lock/filelock v0.0.0
 	github.com/ubgo/lock/flock v0.0.0
@@ -23,11 +24,15 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	github.com/go-co-op/gocron/v2 v2.21.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/jonboulle/clockwork v0.5.0 // indirect
+	github.com/robfig/cron/v3 v3.0.1 // indirect
 	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
@@ -42,6 +47,7 @@ require (
 
 replace (
 	github.com/ubgo/lock => ..
+	github.com/ubgo/lock/contrib/gocronlock => ../contrib/gocronlock
 	github.com/ubgo/lock/etcdlock => ../etcdlock
 	github.com/ubgo/lock/filelock => ../filelock
 	github.com/ubgo/lock/flock => ../flock
