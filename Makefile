@@ -21,13 +21,16 @@ bench:
 # Every backend under random faults for a few minutes, then 20 rounds of
 # a waiter paused across its grant (~18 min in all); prints a table per
 # backend. Method and results: docs/design/chaos.md.
-# Then the cluster failover tests, repeated (~8 min).
+# Then the cluster failover tests, repeated (~8 min), and the fault
+# matrix: every network backend, fault, moment, kind and mode, twice
+# (~13 min, on private servers of its own; a table of every cell).
 chaos:
 	scripts/services.sh up
 	cd chaos && CHAOS_LONG=1 go test -count=1 -timeout 30m -run '^(TestChaos|TestPausedWaiter)$$' -v .
 	# Failovers on private clusters, five times each (make test runs them once).
 	cd redislock && go test -count=5 -timeout 20m -run '^Test(ClusterFailover|ClusterReplicaAck|SentinelFailover)$$' .
 	cd etcdlock && go test -count=5 -timeout 20m -run '^TestCluster(LeaderKilled|QuorumLost)$$' .
+	cd chaos && CHAOS_LONG=1 go test -count=1 -timeout 60m -run '^TestFaultMatrix$$' -v .
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
