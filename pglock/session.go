@@ -99,21 +99,36 @@ func (s *session) open(ctx context.Context) error {
 	if err := s.f.refusal(); err != nil {
 		return err
 	}
-	c, err := s.f.hijack(ctx, "acquire: opening a lock session")
-	if err != nil {
-		return err
-	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.f.set.stmtTimeout)
 	defer cancel()
 	var pid int32
 	var syncCommit, version string
-	// Simple protocol until the server is known to be one pglock works
-	// with (see setup): no prepared statement behind a transaction pooler.
-	err = checkVersion(c.PgConn().ParameterStatus("crdb_version"))
-	if err == nil {
-		err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false), version()",
-			pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version)
+	var c *pgx.Conn
+	// A pool connection whose server went away (a restart) fails its
+	// first statement before sending it: take another. A pool holds at
+	// most MaxConns such connections.
+	for tries := s.f.pool.Config().MaxConns; ; tries-- {
+		var err error
+		if c, err = s.f.hijack(ctx, "acquire: opening a lock session"); err != nil {
+			return err
+		}
+		// Simple protocol until the server is known to be one pglock
+		// works with (see setup): no prepared statement behind a
+		// transaction pooler.
+		if err = checkVersion(c.PgConn().ParameterStatus("crdb_version")); err == nil {
+			err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false), version()",
+				pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version)
+		}
+		if err == nil || !pgconn.SafeToRetry(err) || tries <= 0 || ctx.Err() != nil {
+			return s.setUp(sctx, c, pid, syncCommit, version, err)
+		}
+		closeConn(c)
 	}
+}
+
+// setUp finishes opening the session on c, whose first statement (pid,
+// synchronous_commit, version) ended with err.
+func (s *session) setUp(sctx context.Context, c *pgx.Conn, pid int32, syncCommit, version string, err error) error {
 	if err == nil {
 		err = s.f.setup(sctx, c, pid, version)
 	}
