@@ -104,7 +104,7 @@ func (k *mxCall) prepare() (err error) {
 		return err
 	}
 	if k.c.kind == "run" {
-		if _, err := lockBinary(); err != nil {
+		if _, err := k.m.bin.get(); err != nil {
 			return err
 		}
 	} else if k.b, err = k.factory(k.m.p.addr(), k.app, true); err != nil {
@@ -284,7 +284,7 @@ func (k *mxCall) invoke() error {
 
 // lockRun runs `lock run -w wait` on the name through the proxy.
 func (k *mxCall) lockRun(wait time.Duration) error {
-	bin, err := lockBinary()
+	bin, err := k.m.bin.get()
 	if err != nil {
 		return err
 	}

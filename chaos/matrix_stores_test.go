@@ -5,8 +5,8 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +36,7 @@ type mx struct {
 	p       *proxy // B's way to the server
 	cleanup time.Duration
 	ttl     string // lock run's --ttl ("" for pglock)
+	bin     *mxBin
 	seq     int
 	insp    *mxFactory // a client of its own, for Inspect
 	admin   *pgxpool.Pool
@@ -67,8 +68,8 @@ const (
 	mxEtcdExpiry = 500 * time.Millisecond // etcd's own lease expiry check
 )
 
-func startMatrix(t *testing.T, name string) *mx {
-	m := &mx{t: t, name: name}
+func startMatrix(t *testing.T, name string, bin *mxBin) *mx {
+	m := &mx{t: t, name: name, bin: bin}
 	var err error
 	switch name {
 	case "pglock":
@@ -304,24 +305,21 @@ func (m *mx) armTrip(f, marker, name string, quit <-chan struct{}) (struck, done
 	return st, dn
 }
 
-// mxLockBin is the lock command, built once per test binary.
-var mxLockBin struct {
-	once      sync.Once
-	dir, path string
-	err       error
+// mxBin is the lock command, built once per TestFaultMatrix into dir.
+type mxBin struct {
+	dir  string
+	once sync.Once
+	path string
+	err  error
 }
 
-func lockBinary() (string, error) {
-	mxLockBin.once.Do(func() {
-		mxLockBin.dir, mxLockBin.err = os.MkdirTemp("", "chaos-lockbin-")
-		if mxLockBin.err != nil {
-			return
-		}
-		mxLockBin.path = mxLockBin.dir + "/lock"
-		out, err := exec.Command("go", "build", "-o", mxLockBin.path, "github.com/ubgo/lock/cmd/lock").CombinedOutput()
+func (b *mxBin) get() (string, error) {
+	b.once.Do(func() {
+		b.path = filepath.Join(b.dir, "lock")
+		out, err := exec.Command("go", "build", "-o", b.path, "github.com/ubgo/lock/cmd/lock").CombinedOutput()
 		if err != nil {
-			mxLockBin.err = fmt.Errorf("go build cmd/lock: %v: %s", err, out)
+			b.err = fmt.Errorf("go build cmd/lock: %v: %s", err, out)
 		}
 	})
-	return mxLockBin.path, mxLockBin.err
+	return b.path, b.err
 }

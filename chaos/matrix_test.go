@@ -231,6 +231,7 @@ func TestFaultMatrix(t *testing.T) {
 	redis.SetLogger(mxQuiet{}) // the pool's dial errors are the faults at work
 	var mu sync.Mutex
 	results := map[mxCell]*mxOutcome{}
+	bin := &mxBin{dir: t.TempDir()}
 	start := time.Now()
 	// The backends run side by side, each on servers of its own; the
 	// cells of one backend one after the other.
@@ -247,7 +248,7 @@ func TestFaultMatrix(t *testing.T) {
 			}
 			t.Run(b, func(t *testing.T) {
 				t.Parallel()
-				m := startMatrix(t, b)
+				m := startMatrix(t, b, bin)
 				for run := range runs {
 					for _, c := range mine {
 						r := m.runCell(c)
