@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 )
 
 // AcquireAll takes every one of names from l, all or nothing, and returns
@@ -21,8 +22,9 @@ import (
 // AcquireAll waits for each in turn, all under ctx, which is the one
 // deadline of the whole set; without, the first held name ends it with
 // ErrLocked. If any name cannot be taken, the ones already taken are
-// released before AcquireAll returns, and the error (naming the name, and
-// joined with any release error) matches what l's Acquire returned.
+// released before AcquireAll returns (a release the store does not answer
+// within 250ms goes on in the background), and the error (naming the name,
+// and joined with any release error) matches what l's Acquire returned.
 // A member lost while a later name is awaited (its lease not renewed,
 // WithMaxHold, broken) ends the wait: the others are released and the
 // error names that member and matches its Err. A set AcquireAll returns
@@ -61,18 +63,31 @@ func AcquireAll(ctx context.Context, l Locker, names ...string) (*MultiHolder, e
 	return m, nil
 }
 
+// abandonWait is how long AcquireAll waits for the release of the members
+// it took when the set cannot be had: backend.Grace, the bound every
+// backend's Acquire keeps past its context's end. A store that does not
+// answer (often why the set failed) gets the rest in the background.
+const abandonWait = 250 * time.Millisecond
+
 // abandon releases the members taken so far and returns why the set could
 // not be had: a member's loss if one ended, else err, the failure of the
-// name that could not be taken; joined with the release errors.
+// name that could not be taken; joined with the release errors that came
+// within abandonWait.
 func (m *MultiHolder) abandon(err error) error {
 	if i := m.firstEnded(); i >= 0 {
 		m.end(memberLost(m.names[i], m.holders[i]))
 	}
-	m.Release()
+	released := make(chan error, 1)
+	go func() { released <- m.Release() }()
+	var relErr error
+	select {
+	case relErr = <-released:
+	case <-time.After(abandonWait):
+	}
 	if lost := m.Err(); lost != nil {
 		err = lost
 	}
-	return errors.Join(err, m.relErr)
+	return errors.Join(err, relErr)
 }
 
 // firstEnded returns the index of the first member that has ended, -1 if

@@ -343,7 +343,7 @@ func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue,
 			}
 			if err != nil {
 				w.untrack(c) // the claim stays with the cleanup
-				return nil, err
+				return nil, fmt.Errorf("etcdlock: acquire: %w", err)
 			}
 			if resp.Succeeded || len(resp.Responses[len(els)-1].GetResponseRange().Kvs) == 0 {
 				return resp, nil

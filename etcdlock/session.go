@@ -233,8 +233,11 @@ func (s *session) grant() {
 	sent := time.Now()
 	resp, err := s.f.cli.Grant(ctx, int64(s.ttl/time.Second))
 	cancel()
-	if err == nil && resp.TTL <= 0 {
-		err = errors.New("etcdlock: lease granted with no TTL")
+	switch {
+	case err != nil && s.f.ctx.Err() == nil:
+		err = fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+	case err == nil && resp.TTL <= 0:
+		err = errors.New("etcdlock: acquire: lease granted with no TTL")
 	}
 	if err != nil {
 		if s.f.ctx.Err() != nil {

@@ -81,7 +81,9 @@ func runCmd(args []string, stderr io.Writer) int {
 	h, code := acquire(ctx, b, &f, name, stderr)
 	close(acquiring)
 	if h == nil {
-		b.Close()
+		// Often an outage: a close against a silent store would wait out
+		// its timeouts, after the Acquire kept its deadline.
+		within(closeGrace, func() { b.Close() })
 		return code
 	}
 	if ctx.Err() != nil { // a signal came as the Acquire returned
@@ -186,6 +188,10 @@ func acquireFailed(ctx context.Context, err error, f *runFlags, name string, std
 	return failSignal(ctx, stderr, err)
 }
 
+// closeGrace bounds the close after a failed Acquire: what a store out of
+// reach did not get (a waiter's place in a queue) ends with its lease.
+const closeGrace = 250 * time.Millisecond
+
 // lostGrace bounds the release and close of a lost lock on lock run's way
 // out. The store is likely out of reach (that is often why the lock was
 // lost), and each call would wait out the backend's release timeout
@@ -204,17 +210,25 @@ func finish(h lock.Holder, b *backend) error {
 		b.Close()
 		return err
 	}
+	within(lostGrace, func() {
+		h.Release()
+		b.Close()
+	})
+	return nil
+}
+
+// within runs f and waits for it at most d; lock's exit cuts short what is
+// left of it.
+func within(d time.Duration, f func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.Release()
-		b.Close()
+		f()
 	}()
 	select {
 	case <-done:
-	case <-time.After(lostGrace):
+	case <-time.After(d):
 	}
-	return nil
 }
 
 // signalError is the cause of a run ended by a signal before its command
