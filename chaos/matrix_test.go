@@ -149,6 +149,12 @@ func (c mxCell) want() string {
 // mxSliceKind is the one kind per backend that the short run covers.
 var mxSliceKind = map[string]string{"pglock": "mutex", "redislock": "shared", "etcdlock": "semaphore"}
 
+// mxSliceExtra are cells the short run adds: a gocronlock Lock on a
+// frozen Redis with go-redis' default client (WithLockTimeout ran to
+// go-redis' timeouts), and a lock run -w whose Redis dies mid-wait (it
+// exited 1, "still held").
+var mxSliceExtra = []string{"redislock/stop/before/gocron/nowait", "redislock/kill/wait/run/waittimeout"}
+
 // mxCells lists the matrix in table order: the whole of it in the long
 // run, else the slice (one kind per backend, WithWait and a deadline, the
 // faults during the wait and the round trip, and the control).
@@ -163,7 +169,7 @@ func mxCells(long bool) []mxCell {
 				for _, k := range mxKinds {
 					for _, m := range mxModes(k) {
 						c := mxCell{b, f, w, k, m}
-						if long || k == mxSliceKind[b] && m == "wait" && (w != "before" || f == "none") {
+						if long || k == mxSliceKind[b] && m == "wait" && (w != "before" || f == "none") || slices.Contains(mxSliceExtra, c.String()) {
 							cs = append(cs, c)
 						}
 					}
