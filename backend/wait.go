@@ -59,103 +59,124 @@ type Waiting struct {
 // lock.ErrLocked. When ctx ends before any attempt told lately, Wait
 // returns ctx's error and Take decides (see Call.Probe).
 func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duration, error)) (H, time.Duration, error) {
-	var (
-		zero  H
-		sub   Subscription
-		start time.Time
-		timer *time.Timer
-		poll  = w.MinPoll
-		skip  bool
-		held  bool      // an attempt found the name held (any other outcome ends the wait)
-		sent  time.Time // when the last attempt that found it held was sent
-		ev    = evidenceOf(ctx)
-	)
-	waited := func() time.Duration {
-		if sub == nil {
-			return 0
-		}
-		return time.Since(start)
-	}
-	defer func() {
-		if sub != nil {
-			sub.Close()
-			timer.Stop()
-		}
-	}()
-	// failed ends the wait with err, the failure of an attempt or of a
-	// subscription, or ctx's ending.
-	failed := func(err error) (H, time.Duration, error) {
-		switch {
-		case !w.Wait || ctx.Err() == nil:
-		case held && (err == nil || endedBy(ctx, err)) && time.Since(sent) <= Fresh:
-			err = lock.NewWaitError(w.Locked, ctx)
-		case err == nil || endedBy(ctx, err):
-			err = ctx.Err() // nothing told lately: the probe decides (see Take)
-		default:
-			err = failure(ctx, err)
-		}
-		return zero, waited(), err
-	}
-	subscribe := func() error {
-		s, err := w.Subscribe()
-		if err == nil {
-			sub, start, timer = s, time.Now(), time.NewTimer(time.Hour)
-		}
-		return err
-	}
+	r := &waitRun{ctx: ctx, w: w, poll: w.MinPoll, ev: evidenceOf(ctx)}
+	defer r.close()
+	var zero H
+	skip := false
 	if w.Wait && w.Queued {
-		if err := subscribe(); err != nil {
-			return failed(err)
+		if err := r.subscribe(); err != nil {
+			return zero, r.waited(), r.failed(err)
 		}
 		skip = true
 	}
 	for {
 		var wake <-chan struct{}
 		var hint time.Duration
-		if sub != nil {
-			wake = sub.Wake()
+		if r.sub != nil {
+			wake = r.sub.Wake()
 		}
 		if !skip {
 			at := time.Now()
 			h, retry, err := attempt()
-			ev.answered(at, err)
+			r.ev.answered(at, err)
 			switch {
 			case err == nil:
-				return h, waited(), nil
+				return h, r.waited(), nil
 			case !errors.Is(err, w.Locked):
-				return failed(err)
+				return zero, r.waited(), r.failed(err)
 			case !w.Wait:
 				return zero, 0, err
 			}
-			held, sent = true, at
-			if sub == nil {
-				if err := subscribe(); err != nil {
-					return failed(err)
+			r.held, r.sent = true, at
+			if r.sub == nil {
+				if err := r.subscribe(); err != nil {
+					return zero, r.waited(), r.failed(err)
 				}
 				continue
 			}
 			hint = retry
 		}
 		skip = false
-		d := poll
-		if hint > 0 {
-			d = min(d, hint)
-		}
-		if end, ok := ctx.Deadline(); ok && sent.Before(end.Add(-Fresh)) {
-			// A last look within Fresh of the deadline, so that a wait
-			// that runs out can say whether the name was still held.
-			d = min(d, time.Until(end.Add(-Fresh/2)))
-		}
-		timer.Reset(max(d, time.Millisecond))
-		select {
-		case <-wake:
-			poll = w.MinPoll
-		case <-timer.C:
-			poll = min(2*poll, w.MaxPoll)
-		case <-ctx.Done():
-			return failed(nil)
-		case <-w.Closed:
-			return zero, waited(), lock.ErrClosed
+		if err := r.sleep(wake, hint); err != nil {
+			return zero, r.waited(), err
 		}
 	}
+}
+
+// waitRun is the state of one Wait, on its goroutine only.
+type waitRun struct {
+	ctx   context.Context
+	w     Waiting
+	ev    *evidence
+	sub   Subscription
+	start time.Time // when the subscription began: the wait
+	timer *time.Timer
+	poll  time.Duration
+	held  bool      // an attempt found the name held (any other outcome ends the wait)
+	sent  time.Time // when the last attempt that found it held was sent
+}
+
+func (r *waitRun) subscribe() error {
+	s, err := r.w.Subscribe()
+	if err == nil {
+		r.sub, r.start, r.timer = s, time.Now(), time.NewTimer(time.Hour)
+	}
+	return err
+}
+
+func (r *waitRun) close() {
+	if r.sub != nil {
+		r.sub.Close()
+		r.timer.Stop()
+	}
+}
+
+func (r *waitRun) waited() time.Duration {
+	if r.sub == nil {
+		return 0
+	}
+	return time.Since(r.start)
+}
+
+// failed is the error that ends the wait: err, the failure of an attempt
+// or of a subscription, or (nil) ctx's ending.
+func (r *waitRun) failed(err error) error {
+	ctx := r.ctx
+	switch {
+	case !r.w.Wait || ctx.Err() == nil:
+	case r.held && (err == nil || endedBy(ctx, err)) && time.Since(r.sent) <= Fresh:
+		err = lock.NewWaitError(r.w.Locked, ctx)
+	case err == nil || endedBy(ctx, err):
+		err = ctx.Err() // nothing told lately: the probe decides (see Take)
+	default:
+		err = failure(ctx, err)
+	}
+	return err
+}
+
+// sleep waits for a wake-up, the next poll (capped by the attempt's hint),
+// ctx's end or the factory's closing; it returns the error that ends the
+// wait, if one does.
+func (r *waitRun) sleep(wake <-chan struct{}, hint time.Duration) error {
+	d := r.poll
+	if hint > 0 {
+		d = min(d, hint)
+	}
+	if end, ok := r.ctx.Deadline(); ok && r.sent.Before(end.Add(-Fresh)) {
+		// A last look within Fresh of the deadline, so that a wait that
+		// runs out can say whether the name was still held.
+		d = min(d, time.Until(end.Add(-Fresh/2)))
+	}
+	r.timer.Reset(max(d, time.Millisecond))
+	select {
+	case <-wake:
+		r.poll = r.w.MinPoll
+	case <-r.timer.C:
+		r.poll = min(2*r.poll, r.w.MaxPoll)
+	case <-r.ctx.Done():
+		return r.failed(nil)
+	case <-r.w.Closed:
+		return lock.ErrClosed
+	}
+	return nil
 }
