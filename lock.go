@@ -49,6 +49,15 @@ type LockerFunc func(ctx context.Context, name string) (Holder, error)
 // Acquire calls f(ctx, name).
 func (f LockerFunc) Acquire(ctx context.Context, name string) (Holder, error) { return f(ctx, name) }
 
+// A Configured Locker reports the options every Acquire through it uses,
+// and their error. Every backend's AsLocker returns one, so that an adapter
+// handed a Locker (contrib/gocronlock) can refuse at start-up a
+// configuration that would misbehave under it.
+type Configured interface {
+	Locker
+	Config() (Options, error)
+}
+
 // An Extender is a Holder whose lock is a lease that can be renewed.
 // Extend pushes the expiry one TTL into the future; once the lock is lost it
 // returns an error matching ErrLockLost.

@@ -67,11 +67,6 @@ func (s *State) end(err error) bool {
 	return true
 }
 
-// AfterFunc runs f once d has passed; stop cancels it and reports whether
-// it did so before f ran. It is time.AfterFunc's shape, so that a
-// backend's own clock (memlock's ManualClock) can drive Bound.
-type AfterFunc func(d time.Duration, f func()) (stop func() bool)
-
 // Bound arms lock.WithMaxHold for a holder whose lock was just taken:
 // once o.MaxHold has passed (never when it is 0), end runs with an error
 // that matches lost (the backend's ErrLockLost) and lock.ErrMaxHold and
@@ -81,9 +76,11 @@ type AfterFunc func(d time.Duration, f func()) (stop func() bool)
 // stuck holder neither keeps the name nor leaves a lease to linger. The
 // loss ends the holder's renewal, as any loss does. The timer stops when
 // the state ends first, by Release or another loss. after is the
-// backend's clock; nil means time.AfterFunc. Call Bound once the holder
+// backend's clock, in time.AfterFunc's shape (stop cancels f and reports
+// whether it did so before f ran), so that memlock's ManualClock can drive
+// it; nil means time.AfterFunc. Call Bound once the holder
 // is registered, before it is handed out.
-func (s *State) Bound(o *lock.Options, lost error, after AfterFunc, end func(error)) {
+func (s *State) Bound(o *lock.Options, lost error, after func(d time.Duration, f func()) (stop func() bool), end func(error)) {
 	d := o.MaxHold
 	if d <= 0 {
 		return
@@ -228,7 +225,8 @@ func CheckStore(ctx context.Context, storeErr error, key string) error {
 // Take runs the rest of a factory's Acquire once its options are resolved
 // (err is Resolve's error; take is not run when it is set): take, on a
 // context bounded by o.WaitTimeout when set (lock.WithWaitTimeout; the
-// holder does not depend on it), then Finish.
+// holder does not depend on it), and reports the outcome as one
+// lock.OpAcquire event through o.
 //
 // With WithWait, an error that comes from ctx ending — before the first
 // attempt, during one, or while a session, lease or watch is set up — and
@@ -269,7 +267,7 @@ func Take[H lock.Holder](ctx context.Context, c Call, o *lock.Options, err error
 			h, wait, err = bounded(ctx, c, o.Wait, run)
 		}
 	}
-	return Finish(ctx, c, o, h, wait, err)
+	return finish(ctx, c, o, h, wait, err)
 }
 
 // bounded runs run on a goroutine of its own and returns its result, or,
@@ -311,23 +309,24 @@ func bounded[H lock.Holder](ctx context.Context, c Call, wait bool, run func(ctx
 	return zero, ev.waited(), ev.late(ctx, c, wait)
 }
 
-// A Call names one Acquire for Finish.
+// A Call names one Acquire for Take.
 type Call struct {
 	Backend string    // the backend's name, for the event
 	Name    string    // the lock name
 	Locked  error     // the backend's ErrLocked, which a WaitError wraps
 	Start   time.Time // when the call began
 	// Probe, if set, asks the backend a question (a ping) that fails when
-	// it is down. Finish runs it, on a context of its own bounded by
-	// ProbeTimeout, when a wait's ctx ended before any attempt could tell
-	// whether the name was held. Backends that cannot fail leave it nil.
+	// it is down. Take runs it, on a context of its own bounded by Grace,
+	// when a wait's ctx ended with no fresh answer on whether the name was
+	// held; and bounds every Acquire of a backend that sets it (see Take).
+	// Backends that cannot fail leave it nil.
 	Probe func(ctx context.Context) error
 }
 
-// Finish ends a factory's Acquire: it reports the outcome as one
+// finish ends a factory's Acquire: it reports the outcome as one
 // lock.OpAcquire event (latency from c.Start, the wait spent queued, the
 // token) through o. It returns h and the error to give the caller.
-func Finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wait time.Duration, err error) (H, error) {
+func finish[H lock.Holder](ctx context.Context, c Call, o *lock.Options, h H, wait time.Duration, err error) (H, error) {
 	e := lock.Event{Backend: c.Backend, Op: lock.OpAcquire, Name: c.Name, Latency: time.Since(c.Start), Wait: wait, Err: err}
 	if err == nil {
 		e.Token = h.Token()

@@ -77,19 +77,21 @@ type tokenHolder struct{ lock.Holder }
 
 func (tokenHolder) Token() uint64 { return 7 }
 
-// Finish reports one event per call: the outcome, the token of a holder,
+// Take reports one event per call: the outcome, the token of a holder,
 // the wait, and an error.
-func TestFinishReports(t *testing.T) {
+func TestTakeReports(t *testing.T) {
 	var events []lock.Event
 	o := &lock.Options{Observer: lock.ObserverFunc(func(_ context.Context, e lock.Event) { events = append(events, e) })}
 	ctx := context.Background()
-	h, err := backend.Finish(ctx, backend.Call{Backend: "toy", Name: "a", Locked: lock.ErrLocked, Start: time.Now()}, o, tokenHolder{}, time.Millisecond, nil)
+	h, err := backend.Take(ctx, backend.Call{Backend: "toy", Name: "a", Locked: lock.ErrLocked, Start: time.Now()}, o, nil, func(context.Context) (tokenHolder, time.Duration, error) {
+		return tokenHolder{}, time.Millisecond, nil
+	})
 	if err != nil || h.Token() != 7 {
-		t.Fatalf("Finish = %v, %v", h, err)
+		t.Fatalf("Take = %v, %v", h, err)
 	}
 	bad := errors.New("bad option")
-	if _, err = backend.Finish(ctx, backend.Call{Backend: "toy", Name: "b", Locked: lock.ErrLocked, Start: time.Now()}, o, tokenHolder{}, 0, bad); err != bad {
-		t.Fatalf("Finish of an error = %v", err)
+	if _, err = backend.Take[tokenHolder](ctx, backend.Call{Backend: "toy", Name: "b", Locked: lock.ErrLocked, Start: time.Now()}, o, bad, nil); err != bad {
+		t.Fatalf("Take after a resolve error = %v", err)
 	}
 	if len(events) != 2 {
 		t.Fatalf("%d events, want 2: %+v", len(events), events)
@@ -301,21 +303,21 @@ func TestUnescape(t *testing.T) {
 	long := strings.Repeat("é", 100)
 	for _, name := range []string{"a", "x/y z", "é/ü", "a%2Fb", "~tilde", strings.Repeat("n", 150)} {
 		esc := backend.Escape(name)
-		if got, ok := backend.Unescape(esc); !ok || got != name {
+		if got, ok := backend.UnescapeForTest(esc); !ok || got != name {
 			t.Errorf("Unescape(Escape(%q)) = %q, %v", name, got, ok)
 		}
 		if !strings.HasPrefix(esc, backend.EscapePrefix(name[:len(name)/2])) {
 			t.Errorf("EscapePrefix of half of %q does not begin %q", name, esc)
 		}
 	}
-	if _, ok := backend.Unescape(backend.Escape(long)); ok {
+	if _, ok := backend.UnescapeForTest(backend.Escape(long)); ok {
 		t.Error("Unescape of a hashed name succeeded")
 	}
 	if !strings.HasPrefix(backend.Escape(long), backend.EscapePrefix(long)) {
 		t.Error("EscapePrefix of a long name does not begin its hashed form")
 	}
 	for _, bad := range []string{"a%2", "a%zz", "a%41", "a.b", "a%2f"} {
-		if got, ok := backend.Unescape(bad); ok {
+		if got, ok := backend.UnescapeForTest(bad); ok {
 			t.Errorf("Unescape(%q) = %q; want failure", bad, got)
 		}
 	}

@@ -92,17 +92,8 @@ func Value(backend, option string, key, value any) lock.Option {
 	}
 }
 
-// A Configured Locker reports the options every Acquire through it uses,
-// and their error. Factories' AsLocker return one, so an adapter handed
-// the Locker (gocronlock) can refuse at start-up a configuration that
-// would misbehave under it.
-type Configured interface {
-	lock.Locker
-	Config() (lock.Options, error)
-}
-
 // Locker adapts a factory's Acquire, with opts applied to every call, to a
-// Configured lock.Locker, without hiding the concrete holder type: callers
+// lock.Configured Locker, without hiding the concrete holder type: callers
 // can still assert lock.Extender on it.
 func Locker[H lock.Holder](c *Config, opts []lock.Option, acquire func(ctx context.Context, name string, opts ...lock.Option) (H, error)) lock.Locker {
 	return &locker[H]{c: c, opts: opts, acquire: acquire}
@@ -130,15 +121,4 @@ func (l *locker[H]) Config() (lock.Options, error) {
 	}
 	o, err := lock.Apply(l.c.Options, l.opts...)
 	return o, l.c.wrap(err)
-}
-
-// NoShared is the option check of a backend without a shared mode: it
-// refuses lock.WithShared with lock.ErrInvalidOption, so that a caller
-// asking for a shared lock hears of it instead of silently getting an
-// exclusive one.
-func NoShared(backend string, o *lock.Options) error {
-	if o.Shared {
-		return fmt.Errorf("%w: WithShared is not supported by %s", lock.ErrInvalidOption, backend)
-	}
-	return nil
 }

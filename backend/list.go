@@ -44,10 +44,10 @@ func escapeBytes(s string) string {
 	return b.String()
 }
 
-// Unescape returns the name esc was made from by Escape. ok is false when
+// unescape returns the name esc was made from by Escape. ok is false when
 // esc is no result of Escape, or a hashed one (a long name), which cannot
 // be turned back: a backend that must list such names stores them.
-func Unescape(esc string) (name string, ok bool) {
+func unescape(esc string) (name string, ok bool) {
 	if strings.IndexByte(esc, '~') >= 0 {
 		return "", false
 	}
@@ -94,7 +94,7 @@ func unhex(c byte) int {
 // name matches when its visible part begins with the whole escaped prefix
 // (so one under a prefix longer than that part is not listed).
 func ListedName(esc, prefix string) (name string, match bool) {
-	if n, ok := Unescape(esc); ok {
+	if n, ok := unescape(esc); ok {
 		return n, strings.HasPrefix(n, prefix)
 	}
 	visible, _, _ := strings.Cut(esc, "~")

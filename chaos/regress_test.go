@@ -21,7 +21,7 @@ import (
 // wait cancelled while its queue transaction was in flight returned the
 // bare "context canceled"; and again by that of redislock, whose first
 // attempt, cancelled mid-script, returned "redislock: acquire: context
-// canceled". backend.Finish now says it alike for every backend.
+// canceled". backend.Take now says it alike for every backend.
 func TestCancelledWaitMatchesErrLocked(t *testing.T) {
 	for _, b := range backendNames {
 		t.Run(b, func(t *testing.T) {

@@ -1336,7 +1336,7 @@ func (s *suite) leaks(t *testing.T) {
 
 // config: a factory's configuration error is seen at start-up (Err), with
 // the family's shape, and is every Acquire's; a Locker from AsLocker tells
-// the options its Acquires use (backend.Configured), so an adapter can
+// the options its Acquires use (lock.Configured), so an adapter can
 // refuse one that would misbehave under it.
 func (s *suite) config(t *testing.T) {
 	if s.NewFactory == nil {
@@ -1353,14 +1353,14 @@ func (s *suite) config(t *testing.T) {
 	if _, aerr := bad.AsLocker().Acquire(ctxT(t), s.name(t, "x")); !errors.Is(aerr, lock.ErrInvalidOption) {
 		t.Fatalf("Acquire on a factory whose Err is %v = %v", err, aerr)
 	}
-	c, ok := s.NewFactory(t).AsLocker(lock.WithWait(), lock.WithOwner("o")).(backend.Configured)
+	c, ok := s.NewFactory(t).AsLocker(lock.WithWait(), lock.WithOwner("o")).(lock.Configured)
 	if !ok {
-		t.Fatal("AsLocker's Locker is not a backend.Configured")
+		t.Fatal("AsLocker's Locker is not a lock.Configured")
 	}
 	if o, err := c.Config(); err != nil || !o.Wait || o.Owner != "o" {
 		t.Fatalf("Config() = %+v, %v; want Wait and Owner from AsLocker's options", o, err)
 	}
-	if _, err := s.NewFactory(t).AsLocker(lock.WithTTL(-1)).(backend.Configured).Config(); !errors.Is(err, lock.ErrInvalidOption) {
+	if _, err := s.NewFactory(t).AsLocker(lock.WithTTL(-1)).(lock.Configured).Config(); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Fatalf("Config() of AsLocker(WithTTL(-1)) = %v; want ErrInvalidOption", err)
 	}
 }

@@ -46,10 +46,10 @@ type toyHolder struct {
 
 func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*toyHolder, error) {
 	o, err := t.cfg.Resolve(name, opts, func(o *lock.Options) error {
-		if t.takeShared {
-			return nil
+		if o.Shared && !t.takeShared {
+			return fmt.Errorf("%w: WithShared is not supported by toy", lock.ErrInvalidOption)
 		}
-		return backend.NoShared("toy", o)
+		return nil
 	})
 	if err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
-	"github.com/ubgo/lock/backend"
 )
 
 // Elector implements gocron.Elector: the replica that holds one named lock
@@ -43,7 +42,7 @@ type Elector struct {
 }
 
 // NewElector starts campaigning for the lock named prefix + name on l. An
-// invalid option or name, a nil l, or an l that reports (backend.Configured)
+// invalid option or name, a nil l, or an l that reports (lock.Configured)
 // an invalid configuration is reported by IsLeader (and Close), and no
 // campaign starts. l may wait (WithWait).
 func NewElector(l lock.Locker, name string, opts ...Option) *Elector {
@@ -53,7 +52,7 @@ func NewElector(l lock.Locker, name string, opts ...Option) *Elector {
 	if l == nil {
 		e.err = errors.Join(e.err, fmt.Errorf("gocronlock: %w: nil lock.Locker", lock.ErrInvalidOption))
 	}
-	if bc, ok := l.(backend.Configured); ok {
+	if bc, ok := l.(lock.Configured); ok {
 		if _, err := bc.Config(); err != nil {
 			e.err = errors.Join(e.err, fmt.Errorf("gocronlock: lock.Locker configuration: %w", err))
 		}

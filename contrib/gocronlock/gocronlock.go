@@ -30,7 +30,6 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/ubgo/lock"
-	"github.com/ubgo/lock/backend"
 )
 
 // Errors. Contention errors from Lock match both ErrLocked and the
@@ -73,7 +72,7 @@ type Locker struct {
 // New returns a gocron.Locker that takes its locks from l. l must not
 // wait (no WithWait): a replica that waited for the winner to finish would
 // then run the same tick again. A Locker that cannot work — an invalid
-// option, a nil l, or an l that reports (backend.Configured) an invalid
+// option, a nil l, or an l that reports (lock.Configured) an invalid
 // configuration or WithWait — is reported by Err, logged once at Error
 // level here, and returned by every Lock, so no job runs.
 func New(l lock.Locker, opts ...Option) *Locker {
@@ -82,7 +81,7 @@ func New(l lock.Locker, opts ...Option) *Locker {
 	if l == nil {
 		a.err = errors.Join(a.err, fmt.Errorf("gocronlock: %w: nil lock.Locker", lock.ErrInvalidOption))
 	}
-	if bc, ok := l.(backend.Configured); ok {
+	if bc, ok := l.(lock.Configured); ok {
 		switch o, err := bc.Config(); {
 		case err != nil:
 			a.err = errors.Join(a.err, fmt.Errorf("gocronlock: lock.Locker configuration: %w", err))

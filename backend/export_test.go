@@ -1,0 +1,4 @@
+package backend
+
+// UnescapeForTest is unescape, for the external tests.
+var UnescapeForTest = unescape
