@@ -132,10 +132,16 @@ func (m *MultiHolder) Member(name string) Holder {
 	return nil
 }
 
-// Token is the fencing token of the first name in the canonical order,
-// so that a set of one name fences like that name's holder. A resource
-// guarded by another name of the set is fenced with Member(name).Token().
-func (m *MultiHolder) Token() uint64 { return m.holders[0].Token() }
+// Token is the fencing token of a set of one name: that name's holder's.
+// A set of several names has no one token: Token is then 0, which every
+// fence refuses, so that a write guarded by one name cannot be fenced by
+// another's token by mistake; fence it with Member(name).Token().
+func (m *MultiHolder) Token() uint64 {
+	if len(m.holders) != 1 {
+		return 0
+	}
+	return m.holders[0].Token()
+}
 
 // Done is closed when the set is released or any member is lost.
 func (m *MultiHolder) Done() <-chan struct{} { return m.done }

@@ -52,8 +52,12 @@ func TestAcquireAllOrderAndMembers(t *testing.T) {
 	if m.Member("d") != nil {
 		t.Fatal("Member of a name not in the set is not nil")
 	}
-	if m.Token() != m.Member("a").Token() {
-		t.Fatal("Token is not the first name's")
+	if m.Token() != 0 {
+		t.Fatalf("Token of a set of three names = %d; want 0, which every fence refuses", m.Token())
+	}
+	one, err := lock.AcquireAll(context.Background(), newSetLocker(), "x")
+	if err != nil || one.Token() == 0 || one.Token() != one.Member("x").Token() {
+		t.Fatalf("Token of a set of one name = %v, %v; want the name's", one, err)
 	}
 	if err := m.Release(); err != nil {
 		t.Fatal(err)
