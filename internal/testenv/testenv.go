@@ -124,3 +124,19 @@ func ClosedAddr(t testing.TB) string {
 	l.Close()
 	return addr
 }
+
+// Eventually polls cond until it holds, failing t if it does not within
+// d: the family's one wait for a state the test cannot be signalled of (a
+// waiter queued in a store, a file written by a child). what says what
+// was awaited. d is a guard against a hang, not a timing target: give it
+// room on a loaded machine.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
