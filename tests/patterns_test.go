@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"github.com/ubgo/lock/memlock"
 )
@@ -59,17 +60,6 @@ func forEach(t *testing.T, fn func(t *testing.T, tg target)) {
 // bound is the generous deadline for anything the tests wait on: the
 // machine is small and noisy, and nothing here asserts on speed.
 const bound = 10 * time.Second
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, bound)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 func recv[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
@@ -502,7 +492,7 @@ func TestKeepAlive(t *testing.T) {
 	defer cancel()
 	for i := 0; i < 5; i++ {
 		n := extends.Load()
-		waitFor(t, "a renewal", func() bool { return extends.Load() > n })
+		testenv.Eventually(t, bound, "a renewal", func() bool { return extends.Load() > n })
 		clock.Advance(50 * time.Second) // past the TTL in total, never between renewals
 	}
 	if h.Err() != nil || ctx.Err() != nil {

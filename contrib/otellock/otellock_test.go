@@ -16,6 +16,7 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/contrib/otellock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/memlock"
 )
 
@@ -101,18 +102,6 @@ func counts(p map[string]point) map[string]point {
 	return p
 }
 
-// waitFor polls cond until it holds, failing the test after a generous deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // waitAcquire starts a waiting Acquire of name and returns once it has queued.
 func waitAcquire(ctx context.Context, t *testing.T, f *memlock.Factory, name string) <-chan *memlock.Holder {
 	t.Helper()
@@ -122,7 +111,7 @@ func waitAcquire(ctx context.Context, t *testing.T, f *memlock.Factory, name str
 		h, _ := f.Acquire(ctx, name, memlock.WithWait())
 		ch <- h
 	}()
-	waitFor(t, "the waiter to queue", func() bool { return f.Waiting(name) > before })
+	testenv.Eventually(t, 10*time.Second, "the waiter to queue", func() bool { return f.Waiting(name) > before })
 	return ch
 }
 
