@@ -76,11 +76,12 @@ type Extender interface {
 // TTL, the loss is declared before the lease can run out on the server.
 //
 // A holder that cannot be extended (not an [Extender]) is only watched.
+// The context carries h (see HolderFrom).
 // Call cancel when the work is done, before releasing h: it stops the
 // renewals and returns once none is in flight, so no Extend races the
 // Release. It does not release h.
 func KeepAlive(ctx context.Context, h Holder, every time.Duration) (context.Context, context.CancelFunc) {
-	kctx, cancel := context.WithCancelCause(ctx)
+	kctx, cancel := context.WithCancelCause(context.WithValue(ctx, holderKey{}, h))
 	if h == nil || every <= 0 {
 		cancel(fmt.Errorf("%w: KeepAlive needs a Holder and a positive interval, got %v", ErrInvalidOption, every))
 		return kctx, func() {}
@@ -187,7 +188,7 @@ type HolderInfo struct {
 // WithLock acquires name from l, runs fn, and releases the lock.
 //
 // The context passed to fn is cancelled, with cause ErrLockLost, when the lock
-// is lost. The lock is released when fn returns or panics (the panic then
+// is lost, and carries the holder (see HolderFrom). The lock is released when fn returns or panics (the panic then
 // continues). A release error, or the loss of the lock while fn ran, is
 // joined to fn's error and never hides it.
 func WithLock(ctx context.Context, l Locker, name string, fn func(ctx context.Context) error) (err error) {
@@ -201,13 +202,29 @@ func WithLock(ctx context.Context, l Locker, name string, fn func(ctx context.Co
 	return fn(hctx)
 }
 
+// HolderFrom returns the Holder whose lock the work under ctx holds: the
+// fn of WithLock (and so of every backend's WithLock, RunOnce and
+// HoldAtLeast) and the work under KeepAlive find it in their context, for
+// its fencing token or its backend's own methods. ok is false elsewhere.
+//
+//	factory.WithLock(ctx, "ledger", func(ctx context.Context) error {
+//		h, _ := lock.HolderFrom(ctx)
+//		return store.Write(ctx, h.Token(), entry)
+//	})
+func HolderFrom(ctx context.Context) (h Holder, ok bool) {
+	h, ok = ctx.Value(holderKey{}).(Holder)
+	return h, ok
+}
+
+type holderKey struct{}
+
 // heldContext returns a context that is cancelled when h's lock ends: with
 // h.Err() as the cause when it was lost, ErrLockLost when it ended some other
 // way behind the caller's back. stop cancels it and ends the watch.
 // A lock that ended before heldContext returns (lost while the caller was
 // paused after Acquire) cancels hctx before it is returned.
 func heldContext(ctx context.Context, h Holder) (hctx context.Context, stop func()) {
-	hctx, cancel := context.WithCancelCause(ctx)
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, holderKey{}, h))
 	end := func() {
 		cause := h.Err()
 		if cause == nil {

@@ -197,3 +197,26 @@ func TestOutcomeOf(t *testing.T) {
 		}
 	}
 }
+
+// fn finds the holder in its context, as does the work under KeepAlive;
+// elsewhere there is none.
+func TestHolderFrom(t *testing.T) {
+	s := newStub()
+	if _, ok := lock.HolderFrom(context.Background()); ok {
+		t.Fatal("HolderFrom of a bare context found a holder")
+	}
+	err := lock.WithLock(context.Background(), s.locker(), "n", func(ctx context.Context) error {
+		if h, ok := lock.HolderFrom(ctx); !ok || h != lock.Holder(s) {
+			t.Errorf("HolderFrom in WithLock's fn = %v, %v; want the holder", h, ok)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := lock.KeepAlive(context.Background(), s, time.Hour)
+	defer stop()
+	if h, ok := lock.HolderFrom(ctx); !ok || h != lock.Holder(s) {
+		t.Errorf("HolderFrom under KeepAlive = %v, %v; want the holder", h, ok)
+	}
+}

@@ -453,9 +453,14 @@ func (s *suite) withLock(t *testing.T) {
 	name := s.name(t, "x")
 	boom := errors.New("boom")
 	ran := false
+	var held lock.Holder
 	err := lock.WithLock(ctxT(t), l, name, func(ctx context.Context) error {
 		ran = true
 		s.mustBeLocked(t, s.New(t), name)
+		held, _ = lock.HolderFrom(ctx)
+		if held == nil || held.Token() == 0 || held.Err() != nil {
+			t.Errorf("lock.HolderFrom(fn's ctx) = %v; want the holder of %q", held, name)
+		}
 		return boom
 	})
 	if !ran || !errors.Is(err, boom) {
@@ -463,6 +468,9 @@ func (s *suite) withLock(t *testing.T) {
 	}
 	// Contention is reported, and fn does not run.
 	h := s.mustAcquire(t, l, name)
+	if reflect.TypeOf(held) != reflect.TypeOf(h) {
+		t.Errorf("fn's holder is a %T; want the %T Acquire returns, with the backend's own methods", held, h)
+	}
 	err = lock.WithLock(ctxT(t), s.New(t), name, func(context.Context) error {
 		t.Error("fn ran without the lock")
 		return nil
