@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +192,11 @@ func TestOutcomeOf(t *testing.T) {
 		errToyLost:            lock.OutcomeLost,
 		context.Canceled:      lock.OutcomeCanceled,
 		errors.New("network"): lock.OutcomeError,
+		fmt.Errorf("toy: acquire: %w", context.DeadlineExceeded):                                                      lock.OutcomeCanceled,
+		fmt.Errorf("toy: no answer: gave up waiting: %w", errors.Join(context.DeadlineExceeded, errors.New("reset"))): lock.OutcomeError,
+		fmt.Errorf("toy: %w: bad", lock.ErrInvalidName):                                                               lock.OutcomeInvalid,
+		fmt.Errorf("toy: %w", lock.ErrInvalidOption):                                                                  lock.OutcomeInvalid,
+		fmt.Errorf("toy: %w", lock.ErrLimitMismatch):                                                                  lock.OutcomeInvalid,
 	} {
 		if got := lock.OutcomeOf(err); got != want {
 			t.Errorf("OutcomeOf(%v) = %v, want %v", err, got, want)
@@ -218,5 +224,23 @@ func TestHolderFrom(t *testing.T) {
 	defer stop()
 	if h, ok := lock.HolderFrom(ctx); !ok || h != lock.Holder(s) {
 		t.Errorf("HolderFrom under KeepAlive = %v, %v; want the holder", h, ok)
+	}
+}
+
+// Observers add up: each WithObserver adds one, and each gets every Event.
+func TestWithObserverAdds(t *testing.T) {
+	var got []string
+	obs := func(name string) lock.Observer {
+		return lock.ObserverFunc(func(context.Context, lock.Event) { got = append(got, name) })
+	}
+	o, err := lock.Apply(lock.Options{}, lock.WithObserver(obs("prom")), lock.WithObserver(nil), lock.WithObserver(obs("otel")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o2, _ := lock.Apply(o, lock.WithObserver(obs("call"))) // a call's own adds to the factory's
+	o.Observer.Observe(context.Background(), lock.Event{})
+	o2.Observer.Observe(context.Background(), lock.Event{})
+	if want := []string{"prom", "otel", "prom", "otel", "call"}; !slices.Equal(got, want) {
+		t.Fatalf("observers saw %q; want %q", got, want)
 	}
 }

@@ -27,6 +27,7 @@ const (
 	OutcomeLocked   Outcome = "locked"   // contention: someone else holds it
 	OutcomeCanceled Outcome = "canceled" // the caller's context ended
 	OutcomeLost     Outcome = "lost"     // the lock was no longer ours
+	OutcomeInvalid  Outcome = "invalid"  // the caller's mistake: a bad name or option, a limit mismatch
 	OutcomeError    Outcome = "error"    // the backend failed
 )
 
@@ -39,10 +40,33 @@ func OutcomeOf(err error) Outcome {
 		return OutcomeLocked
 	case errors.Is(err, ErrLockLost):
 		return OutcomeLost
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, ErrInvalidName), errors.Is(err, ErrInvalidOption), errors.Is(err, ErrLimitMismatch):
+		return OutcomeInvalid
+	case onlyContext(err):
 		return OutcomeCanceled
 	}
 	return OutcomeError
+}
+
+// onlyContext reports whether the context's end is all err says: every
+// error it wraps, down to those that wrap nothing, is context.Canceled or
+// context.DeadlineExceeded. A wait that gave up because the backend failed
+// also matches the context's error, and is a failure.
+func onlyContext(err error) bool {
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if !onlyContext(e) {
+				return false
+			}
+		}
+		return true
+	case interface{ Unwrap() error }:
+		if e := u.Unwrap(); e != nil {
+			return onlyContext(e)
+		}
+	}
+	return err == context.Canceled || err == context.DeadlineExceeded
 }
 
 // An Event describes one lock operation.
@@ -68,6 +92,30 @@ type Event struct {
 // use.
 type Observer interface {
 	Observe(ctx context.Context, e Event)
+}
+
+// observers hands every Event to each of its observers, in order.
+type observers []Observer
+
+func (os observers) Observe(ctx context.Context, e Event) {
+	for _, o := range os {
+		o.Observe(ctx, e)
+	}
+}
+
+// joinObservers returns an Observer that hands every Event to a, then b.
+func joinObservers(a, b Observer) Observer {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	as, ok := a.(observers)
+	if !ok {
+		as = observers{a}
+	}
+	return append(as[:len(as):len(as)], b)
 }
 
 // ObserverFunc adapts a function to the Observer interface.

@@ -209,9 +209,14 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *Options) { o.Logger = l }
 }
 
-// WithObserver sets the hook that receives an Event for every operation,
-// for metrics and tracing.
-func WithObserver(obs Observer) Option { return func(o *Options) { o.Observer = obs } }
+// WithObserver adds a hook that receives an Event for every operation,
+// for metrics and tracing. Observers add up: each WithObserver, to
+// NewFactory or to one call, adds one, and every one receives every Event
+// in the order they were given (promlock and otellock on one factory). nil
+// adds nothing.
+func WithObserver(obs Observer) Option {
+	return func(o *Options) { o.Observer = joinObservers(o.Observer, obs) }
+}
 
 // WithValue stores a backend-specific setting under key, which should be of
 // an unexported type of the backend's, as with context.WithValue.
