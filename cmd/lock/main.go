@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -66,11 +67,16 @@ status (128+n if a signal n killed it). If the lock is lost, the whole group
 gets SIGTERM at once and SIGKILL after --kill-after, and lock exits 75.
   -n                 fail at once if NAME is held (the default)
   -w DURATION        wait up to DURATION for NAME (5s, 1m; a bare number is seconds)
-  -E CODE            exit code when NAME is held or -w runs out (default 1)
+  -E CODE            exit code when NAME is held or -w runs out (default 1),
+                     and no message then, as flock(1)
+  -q                 no message when NAME is held or -w runs out
   --ttl DURATION     lease length (redis, etcd: whole seconds, file); default the backend's
   --max-concurrent N a semaphore of N permits; every holder must pass the same N
   --owner S          shown by inspect and ls (default pid@host)
   --kill-after D     SIGKILL this long after SIGTERM on loss (default TTL/20, at most 1s)
+
+Flags may come before or after NAME (lock run: before the --). lock prints
+its own one-line messages on stderr; the library's logs stay off it.
 
 lock inspect and lock ls print a table, or with --json one JSON object per
 name and line.
@@ -86,7 +92,8 @@ Exit codes:
   1       the lock is held by someone else, or -w ran out (-E changes it);
           lock break: nothing holds NAME
   64      bad flags or arguments
-  69      the server could not be reached, or failed
+  69      the server could not be reached, failed, or did not answer in time
+          (also during a -w wait: an outage is never "held")
   75      lock run: the lock was lost while the command ran
   77      lock break: refused (the backend cannot free the lock safely),
           not confirmed, or the holders changed while it asked
@@ -149,20 +156,33 @@ func usagef(format string, args ...any) error {
 
 // parse parses args into fs and checks the backend is set and the number
 // of positional arguments is within [min, max].
-func parse(fs *flag.FlagSet, c *common, args []string, min, max int) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return usagef("")
-		}
-		return usagef("%v", err)
+// parse parses args into fs and returns the positional arguments, between
+// min and max of them (max < 0: no limit). Flags go before or after the
+// positional arguments, up to a "--", which is kept with what follows it
+// (lock run's command).
+func parse(fs *flag.FlagSet, c *common, args []string, min, max int) ([]string, error) {
+	var pos, rest []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i:]
 	}
-	if n := fs.NArg(); n < min || max >= 0 && n > max {
-		return usagef("%s: want %s", fs.Name(), argsWanted(min, max))
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, usagef("")
+			}
+			return nil, usagef("%v", err)
+		}
+		if args = fs.Args(); len(args) > 0 {
+			pos, args = append(pos, args[0]), args[1:]
+		}
+	}
+	if n := len(pos); n < min || max >= 0 && n+len(rest) > max {
+		return nil, usagef("%s: want %s", fs.Name(), argsWanted(min, max))
 	}
 	if c.backend == "" {
-		return usagef("%s: no backend: pass --backend URL or set LOCK_BACKEND", fs.Name())
+		return nil, usagef("%s: no backend: pass --backend URL or set LOCK_BACKEND", fs.Name())
 	}
-	return nil
+	return append(pos, rest...), nil
 }
 
 func argsWanted(min, max int) string {

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -45,6 +46,7 @@ type runFlags struct {
 	noWait    bool
 	wait      waitFlag
 	conflict  int
+	quiet     bool // no message when the lock is held (-q, or -E given)
 	ttl       time.Duration
 	max       int
 	owner     string
@@ -104,18 +106,28 @@ func parseRun(args []string, stderr io.Writer) (f runFlags, name string, argv []
 	fs := flags("run", &f.common, stderr)
 	fs.BoolVar(&f.noWait, "n", false, "fail at once if the lock is held (the default)")
 	fs.Var(&f.wait, "w", "wait up to this long for the lock")
-	fs.IntVar(&f.conflict, "E", exitConflict, "exit code when the lock is held")
+	fs.IntVar(&f.conflict, "E", exitConflict, "exit code when the lock is held (and no message)")
+	fs.BoolVar(&f.quiet, "q", false, "no message when the lock is held")
 	fs.DurationVar(&f.ttl, "ttl", 0, "lease length")
 	fs.IntVar(&f.max, "max-concurrent", 1, "permits of a semaphore")
 	fs.StringVar(&f.owner, "owner", "", "owner shown by inspect (default pid@host)")
 	fs.DurationVar(&f.killAfter, "kill-after", 0, "SIGKILL this long after SIGTERM on loss")
-	if err := parse(fs, &f.common, args, 3, -1); err != nil {
+	pos, err := parse(fs, &f.common, args, 1, -1)
+	if err != nil {
 		return f, "", nil, err
 	}
-	name, argv = fs.Arg(0), fs.Args()[1:]
+	if len(pos) < 3 {
+		return f, "", nil, usagef("lock run: want NAME -- CMD [ARGS...]")
+	}
+	name, argv = pos[0], pos[1:]
+	fs.Visit(func(fl *flag.Flag) {
+		// As flock(1): a caller that chose the code needs no message,
+		// and cron mails any output.
+		f.quiet = f.quiet || fl.Name == "E"
+	})
 	switch {
 	case argv[0] != "--":
-		err = usagef("lock run: want NAME -- CMD [ARGS...], with the flags before NAME; got %q after the name", argv[0])
+		err = usagef("lock run: want NAME -- CMD [ARGS...]; got %q after the name", argv[0])
 	case f.noWait && f.wait.d > 0:
 		err = usagef("lock run: -n and -w exclude each other")
 	case f.conflict < 0 || f.conflict > 255:
@@ -180,7 +192,9 @@ func acquireFailed(ctx context.Context, err error, f *runFlags, name string, std
 		if f.wait.d > 0 {
 			what = fmt.Sprintf("is still held after waiting %v", f.wait.d)
 		}
-		fmt.Fprintf(stderr, "lock: %s %s\n", name, what)
+		if !f.quiet {
+			fmt.Fprintf(stderr, "lock: %s %s\n", name, what)
+		}
 		return f.conflict
 	case errors.Is(err, lock.ErrInvalidName) || errors.Is(err, lock.ErrInvalidOption) || errors.Is(err, lock.ErrLimitMismatch):
 		return fail(stderr, usagef("lock run: %v", err))

@@ -23,7 +23,7 @@ func TestRunEnv(t *testing.T) {
 			url, name := be.url(t), uniqueName(t)
 			out := filepath.Join(t.TempDir(), "env")
 			script := `printf '%s\n%s\n%s\n' "$LOCK_NAME" "$LOCK_TOKEN" "$LOCK_BACKEND" > "$1"
-"$0" inspect --backend "$LOCK_BACKEND" --json "$LOCK_NAME" > "$1.json" || exit 99
+"$0" inspect "$LOCK_NAME" --backend "$LOCK_BACKEND" --json > "$1.json" || exit 99
 exit 7`
 			r := runLock(t, "run", "--backend", url, name, "--", "sh", "-c", script, lockBin, out)
 			r.want(t, 7, "run")
@@ -272,12 +272,14 @@ func TestRunBadBackend(t *testing.T) {
 	}
 }
 
-// Flags after the name are a mistake, not the command.
+// A command without its "--", a bad flag value, an unknown command: usage
+// errors. Flags may come after the name (up to the "--").
 func TestRunUsage(t *testing.T) {
 	url := flockURL(t)
+	runLock(t, "run", "x", "--backend", url, "-w", "1s", "--", "true").want(t, 0, "run with flags after the name")
 	for _, args := range [][]string{
-		{"run", "--backend", url, "x", "-w", "1s", "--", "true"},
 		{"run", "--backend", url, "x", "true"},
+		{"run", "--backend", url, "x", "-w", "1s", "true"},
 		{"run", "--backend", url, "x", "--"},
 		{"run", "--backend", url, "-E", "256", "x", "--", "true"},
 		{"run", "--backend", url, "-w", "soon", "x", "--", "true"},
@@ -321,5 +323,28 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 	}
 	if info := inspectJSON(t, url, name); info.Waiting != 0 || len(info.Holders) != 1 {
 		t.Errorf("after the waiter left: %+v, want the holder and no waiter", info)
+	}
+}
+
+// A conflict with -E or -q prints nothing: cron mails any output.
+func TestRunQuietConflict(t *testing.T) {
+	url, name := flockURL(t), uniqueName(t)
+	holdLock(t, url, name)
+	for _, flags := range [][]string{{"-E", "0"}, {"-q"}, {"-E", "3", "-w", "100ms"}} {
+		args := append(append([]string{"run", "--backend", url}, flags...), name, "--", "true")
+		r := runLock(t, args...)
+		want := 1
+		if flags[0] == "-E" {
+			want = int(mustUint(t, flags[1]))
+		}
+		r.want(t, want, strings.Join(flags, " "))
+		if r.stderr != "" || r.stdout != "" {
+			t.Errorf("%s: a conflict printed %q %q; want nothing", strings.Join(flags, " "), r.stdout, r.stderr)
+		}
+	}
+	r := runLock(t, "run", "--backend", url, name, "--", "true")
+	r.want(t, 1, "no -E")
+	if !strings.Contains(r.stderr, "is held") {
+		t.Errorf("without -E or -q the conflict says nothing: %q", r.stderr)
 	}
 }

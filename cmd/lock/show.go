@@ -22,7 +22,8 @@ func inspectCmd(args []string, stdout, stderr io.Writer) int {
 	var c common
 	fs := flags("inspect", &c, stderr)
 	asJSON := fs.Bool("json", false, "one JSON object instead of a table")
-	if err := parse(fs, &c, args, 1, 1); err != nil {
+	pos, err := parse(fs, &c, args, 1, 1)
+	if err != nil {
 		return fail(stderr, err)
 	}
 	ctx := context.Background()
@@ -33,11 +34,11 @@ func inspectCmd(args []string, stdout, stderr io.Writer) int {
 	defer b.Close()
 	ictx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	info, err := b.Inspect(ictx, fs.Arg(0))
+	info, err := b.Inspect(ictx, pos[0])
 	if err != nil {
 		return fail(stderr, err)
 	}
-	info.Name = fs.Arg(0)
+	info.Name = pos[0]
 	p := newPrinter(stdout, *asJSON)
 	p.print(info)
 	p.flush()
@@ -48,8 +49,13 @@ func lsCmd(args []string, stdout, stderr io.Writer) int {
 	var c common
 	fs := flags("ls", &c, stderr)
 	asJSON := fs.Bool("json", false, "one JSON object per line instead of a table")
-	if err := parse(fs, &c, args, 0, 1); err != nil {
+	pos, err := parse(fs, &c, args, 0, 1)
+	if err != nil {
 		return fail(stderr, err)
+	}
+	prefix := ""
+	if len(pos) > 0 {
+		prefix = pos[0]
 	}
 	ctx := context.Background()
 	b, err := open(ctx, c.backend, c.prefix)
@@ -60,7 +66,7 @@ func lsCmd(args []string, stdout, stderr io.Writer) int {
 	p := newPrinter(stdout, *asJSON)
 	defer p.flush()
 	n := 0
-	for info, err := range b.List(ctx, fs.Arg(0)) {
+	for info, err := range b.List(ctx, prefix) {
 		if err != nil {
 			p.flush()
 			return fail(stderr, err)
@@ -194,10 +200,11 @@ func breakCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var c common
 	fs := flags("break", &c, stderr)
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
-	if err := parse(fs, &c, args, 1, 1); err != nil {
+	pos, err := parse(fs, &c, args, 1, 1)
+	if err != nil {
 		return fail(stderr, err)
 	}
-	name := fs.Arg(0)
+	name := pos[0]
 	ctx := context.Background()
 	b, err := open(ctx, c.backend, c.prefix)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"regexp"
@@ -71,8 +70,9 @@ func open(ctx context.Context, raw, prefix string) (*backend, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q: want scheme://..., one of flock, file, postgres, postgresql, redis, rediss, redis+cluster, rediss+cluster, etcd, etcds", errBadURL, redact(raw))
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	opts := []lock.Option{lock.WithLogger(logger)}
+	// lock prints its own one-line messages: the library's logs stay off
+	// stderr, which cron mails (go-redis' too, see quiet).
+	opts := []lock.Option{lock.WithLogger(nil)}
 	if prefix != "" {
 		opts = append(opts, lock.WithKeyPrefix(prefix))
 	}
