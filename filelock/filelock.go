@@ -24,13 +24,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
-	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -38,7 +35,6 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
-	"github.com/ubgo/lock/internal/dirwatch"
 )
 
 // Errors, matching the root sentinels with errors.Is.
@@ -74,35 +70,6 @@ func NewFactory(opts ...Option) *Factory {
 // Err returns the error of the factory's options, which every Acquire
 // also returns; nil when the factory is usable. Check it at start-up.
 func (f *Factory) Err() error { return f.cfg.Err }
-
-func validate(o *lock.Options) error {
-	if o.TTL != 0 && o.TTL < MinStaleAfter {
-		return fmt.Errorf("%w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
-	}
-	return nil
-}
-
-func ttlOf(o *lock.Options) time.Duration {
-	if o.TTL == 0 {
-		return DefaultStaleAfter
-	}
-	return o.TTL
-}
-
-// margin is how long before its lease runs out a holder that could not
-// refresh declares the lock lost, so that it knows before anyone can take
-// the marker over.
-func margin(ttl time.Duration) time.Duration { return min(ttl/10, 2*time.Second) }
-
-// checkEvery is how often a held marker is read back to notice a takeover
-// or removal.
-func checkEvery(ttl time.Duration) time.Duration {
-	return min(max(ttl/8, 10*time.Millisecond), time.Second)
-}
-
-// refreshEvery is how often auto-renewing holders refresh: three tries
-// before the lease runs out.
-func refreshEvery(ttl time.Duration) time.Duration { return ttl / 3 }
 
 // Acquire takes name. On contention it returns an error matching ErrLocked
 // at once, or with WithWait waits until a permit is free or ctx ends. The
@@ -359,63 +326,6 @@ func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Option
 	return h, time.Time{}, nil
 }
 
-// judge decides whether markers are live, removing stale ones unless it
-// only inspects.
-type judge struct {
-	log       *slog.Logger
-	name      string
-	ttl       time.Duration // for markers too damaged to say their own lease
-	now       time.Time
-	inspect   bool   // never remove
-	seen      uint64 // highest token seen
-	reclaimed int
-}
-
-// examine reads the marker at path. live reports whether it still holds;
-// expires is when its lease runs out. A stale marker is removed (we hold the
-// name's guard, so nobody else is judging or replacing it meanwhile).
-func (j *judge) examine(path string) (m *marker, live bool, expires time.Time, err error) {
-	m, mtime, err := readMarker(path)
-	if errors.Is(err, unix.ENOENT) {
-		return nil, false, time.Time{}, nil
-	}
-	if err != nil {
-		return nil, false, time.Time{}, fmt.Errorf("filelock: read marker: %w", err)
-	}
-	var reason string
-	if m == nil {
-		expires = mtime.Add(j.ttl)
-		if j.now.After(expires) {
-			reason = "unreadable marker older than the stale window"
-		}
-	} else {
-		expires = m.Expires
-		j.seen = max(j.seen, m.Token)
-		switch {
-		case j.now.After(m.Expires):
-			reason = "stale window passed without a refresh"
-		case holderGone(m):
-			reason = "holder process is gone"
-		}
-	}
-	if reason == "" {
-		return m, true, expires, nil
-	}
-	if j.inspect {
-		return m, false, expires, nil
-	}
-	if err := unix.Unlink(path); err != nil && err != unix.ENOENT {
-		return nil, false, time.Time{}, fmt.Errorf("filelock: remove stale marker: %w", err)
-	}
-	j.reclaimed++
-	attrs := []any{slog.String("backend", backendName), slog.String("name", j.name), slog.String("file", path), slog.String("reason", reason)}
-	if m != nil {
-		attrs = append(attrs, slog.Int("pid", m.PID), slog.String("host", m.Host), slog.Uint64("token", m.Token))
-	}
-	j.log.Info("filelock: reclaimed stale marker", attrs...)
-	return m, false, expires, nil
-}
-
 func (f *Factory) register(h *Holder) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -441,192 +351,6 @@ func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context
 // opts. Its holders are *Holder values.
 func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	return backend.Locker(&f.cfg, opts, f.Acquire)
-}
-
-// Inspect reports the live holders of name in the factory's directory,
-// reading markers without changing anything. ID is "pid@host", Owner the
-// WithOwner value, Metadata the WithMetadata pairs.
-func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
-	if err := lock.ValidateName(name); err != nil {
-		return lock.Info{}, err
-	}
-	if f.cfg.Err != nil {
-		return lock.Info{}, f.cfg.Err
-	}
-	if err := ctx.Err(); err != nil {
-		return lock.Info{}, err
-	}
-	dir, err := f.dir(&f.cfg.Options)
-	if err != nil {
-		return lock.Info{Name: name}, err
-	}
-	return f.inspectEsc(dir, backend.Escape(name), name)
-}
-
-// inspectEsc reads the live holders of the name whose escaped form is
-// esc; name is "" when the caller knows only esc (List), and the name in
-// the markers is reported.
-func (f *Factory) inspectEsc(dir, esc, name string) (lock.Info, error) {
-	info := lock.Info{Name: name}
-	paths, err := namePaths(dir, esc)
-	if err != nil {
-		return info, err
-	}
-	j := &judge{name: name, ttl: ttlOf(&f.cfg.Options), now: time.Now(), inspect: true}
-	for _, p := range paths {
-		m, live, expires, err := j.examine(p)
-		if err != nil {
-			return info, err
-		}
-		if !live {
-			continue
-		}
-		hi := lock.HolderInfo{Expires: expires}
-		limit := 0
-		if m != nil {
-			hi.Token, hi.ID, hi.Owner, hi.Since, limit = m.Token, fmt.Sprintf("%d@%s", m.PID, m.Host), m.Owner, m.Acquired, m.Limit
-			hi.Metadata = maps.Clone(m.Meta)
-			if info.Name == "" {
-				info.Name = m.Name
-			}
-		}
-		info.Limit = max(info.Limit, limit, 1)
-		info.Holders = append(info.Holders, hi)
-	}
-	sort.Slice(info.Holders, func(i, k int) bool { return info.Holders[i].Token < info.Holders[k].Token })
-	return info, nil
-}
-
-// List yields the held names in the factory's directory that start with
-// prefix, with their live holders as Inspect reports them. The order is
-// the directory's, not sorted: the directory is read lock.ListPageSize
-// entries at a time, and sorting would need every entry at once. Each
-// name is found by its counter file (<esc>.token, which every name that
-// was ever taken has) and reported with the name its markers record.
-// Waiting is 0: waiters are not recorded.
-func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
-	dir := func() (string, error) {
-		if f.cfg.Err != nil {
-			return "", f.cfg.Err
-		}
-		return f.dir(&f.cfg.Options)
-	}
-	counter := func(file string) (string, bool) {
-		esc, kind := classify(file)
-		return esc, kind == kindCounter
-	}
-	return backend.ListDir(ctx, backendName, prefix, dir, counter, func(dir, esc string) (lock.Info, error) {
-		return f.inspectEsc(dir, esc, "")
-	})
-}
-
-// namePaths lists the marker files that exist for esc.
-func namePaths(dir, esc string) ([]string, error) {
-	fd, err := open(counterPath(dir, esc), unix.O_RDONLY, 0)
-	if err == nil {
-		c := readCounter(fd)
-		unix.Close(fd)
-		if c.limit > 0 {
-			return heldPaths(dir, esc, c), nil
-		}
-	}
-	return markerFiles(dir, esc) // no counter to say the limit
-}
-
-// markerFiles lists the marker files of esc in dir, whatever their layout.
-func markerFiles(dir, esc string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("filelock: %w", err)
-	}
-	var ps []string
-	for _, e := range entries {
-		if n, kind := classify(e.Name()); n == esc && kind == kindMarker {
-			ps = append(ps, filepath.Join(dir, e.Name()))
-		}
-	}
-	return ps, nil
-}
-
-// tempAge is the age after which Sweep removes a temporary file.
-const tempAge = time.Minute
-
-// Sweep removes the markers in the factory's directory that are provably
-// stale — their holder died on this host, or their lease ran out —, the
-// intents of waiting writers that are stale the same way, and the
-// stale temporary files of writers that crashed. It takes each name's
-// guard, so it never races an Acquire, a refresh or a Release. It returns
-// how many markers it removed. Acquire reclaims stale markers of the names it takes by
-// itself; Sweep is for tidying names nobody asks for any more.
-func (f *Factory) Sweep(ctx context.Context) (int, error) {
-	if f.cfg.Err != nil {
-		return 0, f.cfg.Err
-	}
-	dir, err := f.dir(&f.cfg.Options)
-	if err != nil {
-		return 0, err
-	}
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil // removed since first use: nothing to sweep
-	}
-	if err != nil {
-		return 0, fmt.Errorf("filelock: %w", err)
-	}
-	type files struct{ markers, temps []string }
-	byName := map[string]*files{}
-	for _, e := range entries {
-		esc, kind := classify(e.Name())
-		if kind != kindMarker && kind != kindWant && kind != kindTemp {
-			continue
-		}
-		fs := byName[esc]
-		if fs == nil {
-			fs = &files{}
-			byName[esc] = fs
-		}
-		p := filepath.Join(dir, e.Name())
-		if kind != kindTemp { // a holder's marker or a waiting writer's intent
-			fs.markers = append(fs.markers, p)
-		} else {
-			fs.temps = append(fs.temps, p)
-		}
-	}
-	n := 0
-	var errs []error
-	for _, esc := range slices.Sorted(maps.Keys(byName)) {
-		if err := ctx.Err(); err != nil {
-			return n, err
-		}
-		fs := byName[esc]
-		g, err := lockGuard(ctx, dir, esc)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		j := &judge{log: backend.Log(&f.cfg.Options), name: esc, ttl: ttlOf(&f.cfg.Options), now: time.Now()}
-		for _, p := range fs.markers {
-			if _, _, _, err := j.examine(p); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		// A writer needs its temporary file for milliseconds; one older
-		// than tempAge was left by a writer that died.
-		for _, p := range fs.temps {
-			if st, err := os.Lstat(p); err != nil || time.Since(st.ModTime()) < tempAge {
-				continue
-			}
-			if err := unix.Unlink(p); err != nil && err != unix.ENOENT {
-				errs = append(errs, fmt.Errorf("filelock: remove %s: %w", p, err))
-			}
-		}
-		g.unlock()
-		if j.reclaimed > 0 {
-			dirwatch.Signal(dir, esc)
-		}
-		n += j.reclaimed
-	}
-	return n, errors.Join(errs...)
 }
 
 // Close makes every lock held through the factory lost (their markers are

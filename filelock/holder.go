@@ -49,6 +49,21 @@ type Holder struct {
 	over        bool        // no more disk work: released, or lost and cleaned up
 }
 
+// margin is how long before its lease runs out a holder that could not
+// refresh declares the lock lost, so that it knows before anyone can take
+// the marker over.
+func margin(ttl time.Duration) time.Duration { return min(ttl/10, 2*time.Second) }
+
+// checkEvery is how often a held marker is read back to notice a takeover
+// or removal.
+func checkEvery(ttl time.Duration) time.Duration {
+	return min(max(ttl/8, 10*time.Millisecond), time.Second)
+}
+
+// refreshEvery is how often auto-renewing holders refresh: three tries
+// before the lease runs out.
+func refreshEvery(ttl time.Duration) time.Duration { return ttl / 3 }
+
 // Token is the fencing token, strictly increasing per name.
 func (h *Holder) Token() uint64 { return h.token }
 

@@ -1,0 +1,639 @@
+package flock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// call is one resolved Acquire, or the name a sweep or Inspect works on.
+type call struct {
+	f        *Factory
+	ctx      context.Context
+	name     string
+	o        *lock.Options
+	limit    int
+	dir, esc string
+	namePath string // <esc>.lock
+}
+
+func newCall(dir, esc string) *call {
+	c := &call{dir: dir, esc: esc}
+	c.namePath = c.file(".lock")
+	return c
+}
+
+func (c *call) file(suffix string) string { return filepath.Join(c.dir, c.esc+suffix) }
+
+func (c *call) slotPath(i int) string { return c.file("." + strconv.Itoa(i) + ".lock") }
+
+// wantPath is <esc>.want, which a waiting writer locks to keep new readers
+// out (WithShared).
+func (c *call) wantPath() string { return c.file(".want") }
+
+// open opens (creating) a file of the call's name, creating the directory
+// when it is missing.
+func (c *call) open(path string) (sysFile, error) { return c.openFile(path, true) }
+
+// openWant opens (creating) the want file, read-only: it is only ever
+// locked, and closing a read-only file is no close-after-write event, so
+// the tries of readers and writers wake no waiter (see wait.go).
+func (c *call) openWant() (sysFile, error) { return c.openFile(c.wantPath(), false) }
+
+func (c *call) openFile(path string, write bool) (sysFile, error) {
+	for i := 0; ; i++ {
+		fd, err := sysOpen(path, write, true)
+		switch {
+		case err == nil:
+			return fd, nil
+		case i == 0 && errors.Is(err, fs.ErrNotExist):
+			if err := os.MkdirAll(c.dir, 0o755); err != nil {
+				return noFile, fmt.Errorf("flock: %w", err)
+			}
+			continue
+		case i < 100 && sysRetryOpen(err):
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		return noFile, fmt.Errorf("flock: %w", err)
+	}
+}
+
+func (c *call) mismatch(have int) error {
+	return fmt.Errorf("flock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, c.name, have, c.limit)
+}
+
+// pid is read once: Go processes do not fork without exec.
+var pid = os.Getpid()
+
+var hostname = sync.OnceValue(func() string {
+	h, _ := os.Hostname()
+	return h
+})
+
+func (c *call) holderRecord(token uint64, now time.Time) record {
+	return record{name: c.name, token: token, pid: pid, host: hostname(), since: now, owner: c.o.Owner, meta: c.o.Metadata}
+}
+
+// finishSweep completes a sweep whose sweeper died between marking the
+// file dead and unlinking it: the caller holds fd's exclusive lock. If the
+// dead file cannot be removed the name cannot be used, and says why.
+func (c *call) finishSweep(fd sysFile) error {
+	same, err := sysSameFile(fd, c.namePath)
+	if err == nil && same {
+		err = sysRemove(c.namePath)
+	}
+	if err != nil {
+		return fmt.Errorf("flock: %s was marked dead by a sweep that did not finish, and removing it failed: %w", c.namePath, err)
+	}
+	return nil
+}
+
+// maxDeadSpins bounds how often an attempt reopens a file marked dead
+// before it counts as busy: a sweeper holds a dead file only for moments.
+const maxDeadSpins = 3
+
+// An attempt takes a name, or reports ErrLocked and keeps its files open
+// for the next try.
+type attempt interface {
+	try(c *call) (*Holder, error)
+	close() // closes the files it still has
+}
+
+// mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
+type mutexAttempt struct {
+	fd     sysFile
+	reused bool    // fd was opened before an earlier, failed try
+	want   sysFile // <esc>.want, locked exclusively while a writer waits
+}
+
+func (m *mutexAttempt) close() {
+	if m.fd != noFile {
+		sysClose(m.fd)
+		m.fd = noFile
+	}
+	m.dropWant()
+}
+
+func (m *mutexAttempt) dropWant() {
+	if m.want != noFile {
+		sysClose(m.want)
+		m.want = noFile
+	}
+}
+
+// holdWant takes, for a writer that waits, the exclusive lock of
+// <esc>.want that keeps new readers out (see sharedAttempt), and keeps it
+// until the writer holds the name or gives up. It reports whether it took
+// it just now. A want file swept away since is taken again at the path;
+// one that another writer holds, or a reader for a moment, is tried again
+// at the next attempt. The kernel frees it when the writer dies.
+func (m *mutexAttempt) holdWant(c *call) (bool, error) {
+	if m.want != noFile {
+		if same, err := sysSameFile(m.want, c.wantPath()); err != nil || same {
+			return false, err
+		}
+		m.dropWant()
+	}
+	fd, err := c.openWant()
+	if err != nil {
+		return false, err
+	}
+	if ok, err := sysTryLock(fd, true); err != nil || !ok {
+		sysClose(fd)
+		if err != nil {
+			return false, fmt.Errorf("flock: %w", err)
+		}
+		return false, nil
+	}
+	m.want = fd
+	return true, nil
+}
+
+func (m *mutexAttempt) try(c *call) (*Holder, error) {
+	for spins := 0; ; spins++ {
+		if m.fd == noFile {
+			fd, err := c.open(c.namePath)
+			if err != nil {
+				return nil, err
+			}
+			m.fd, m.reused = fd, false
+		}
+		ok, err := sysTryLock(m.fd, true)
+		if err != nil {
+			return nil, fmt.Errorf("flock: %w", err)
+		}
+		if !ok {
+			m.reused = true
+			// Read without the lock only to say why: a torn read is
+			// invalid and counts as plain contention.
+			rec, valid, _ := readRecord(m.fd)
+			switch {
+			case valid && rec.dead && spins < maxDeadSpins:
+				m.close() // a sweeper is removing it: open the path again
+				continue
+			case valid && !rec.dead && rec.limit > 1:
+				return nil, c.mismatch(rec.limit) // semaphore permits hold it
+			}
+			if c.o.Wait {
+				// A writer that waits keeps new readers out, and tries
+				// once more in case the name was freed meanwhile.
+				took, err := m.holdWant(c)
+				if err != nil {
+					m.close()
+					return nil, err
+				}
+				if took && spins < maxDeadSpins {
+					continue
+				}
+			}
+			return nil, ErrLocked
+		}
+		rec, valid, err := readRecord(m.fd)
+		if err != nil {
+			m.close()
+			return nil, fmt.Errorf("flock: reading lock file: %w", err)
+		}
+		if valid && rec.dead {
+			err := c.finishSweep(m.fd)
+			m.close()
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if m.reused {
+			// Opened before an earlier try: make sure it is still the
+			// file at the path.
+			if same, err := sysSameFile(m.fd, c.namePath); err != nil || !same {
+				m.close()
+				if err != nil {
+					return nil, fmt.Errorf("flock: %w", err)
+				}
+				continue
+			}
+		}
+		if !valid {
+			// A new file, or a damaged one: start above every swept
+			// name's last token, and above the clock.
+			if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+				m.close()
+				return nil, err
+			}
+		}
+		now := time.Now()
+		token := backend.NextToken(rec.token, now)
+		out := c.holderRecord(token, now)
+		out.limit = 1
+		if err := writeRecord(m.fd, &out); err != nil {
+			m.close()
+			return nil, err
+		}
+		h := c.newHolder(m.fd, noFile, "", token, now)
+		m.fd = noFile
+		m.dropWant() // readers that come now wait for h
+		return h, nil
+	}
+}
+
+// sharedAttempt takes a name in shared mode (WithShared): a shared lock on
+// <esc>.lock, which every reader takes while it holds a shared lock of
+// <esc>.want for a moment. A writer that waits holds <esc>.want
+// exclusively (mutexAttempt.holdWant), so a reader that comes meanwhile
+// finds it busy and waits behind the writer: flock(2) alone would let a
+// stream of readers starve the writer. Both locks are the kernel's, so a
+// process killed at any step leaves neither behind.
+//
+// Readers write the name's record — its token counter, with the latest
+// reader as holder — under the guard, as semaphore members do.
+type sharedAttempt struct {
+	fd     sysFile
+	reused bool
+}
+
+func (a *sharedAttempt) close() {
+	if a.fd != noFile {
+		sysClose(a.fd)
+		a.fd = noFile
+	}
+}
+
+// lockShared takes fd's shared lock if no writer waits.
+func (c *call) lockShared(fd sysFile) (bool, error) {
+	want, err := c.openWant()
+	if err != nil {
+		return false, err
+	}
+	defer sysClose(want)
+	if ok, err := sysTryLock(want, false); err != nil || !ok {
+		if err != nil {
+			return false, fmt.Errorf("flock: %w", err)
+		}
+		return false, nil
+	}
+	ok, err := sysTryLock(fd, false)
+	if err != nil {
+		return false, fmt.Errorf("flock: %w", err)
+	}
+	return ok, nil
+}
+
+func (a *sharedAttempt) try(c *call) (*Holder, error) {
+	for spins, mismatches := 0, 0; ; spins++ {
+		if a.fd == noFile {
+			fd, err := c.open(c.namePath)
+			if err != nil {
+				return nil, err
+			}
+			a.fd, a.reused = fd, false
+		}
+		ok, err := c.lockShared(a.fd)
+		if err != nil {
+			a.close()
+			return nil, err
+		}
+		if !ok {
+			// A writer holds it or waits for it (or a sweep, for a moment).
+			a.reused = true
+			rec, valid, _ := readRecord(a.fd)
+			switch {
+			case valid && rec.dead && spins < maxDeadSpins:
+				a.close()
+				continue
+			case valid && !rec.dead && rec.limit > 1:
+				return nil, c.mismatch(rec.limit)
+			}
+			return nil, ErrLocked
+		}
+		if a.reused {
+			if same, err := sysSameFile(a.fd, c.namePath); err != nil || !same {
+				a.close()
+				if err != nil {
+					return nil, fmt.Errorf("flock: %w", err)
+				}
+				continue
+			}
+		}
+		now := time.Now()
+		var token uint64
+		var again, converted bool
+		limit := 0 // a semaphore's, which holds the name
+		err = c.underGuard(func() error {
+			rec, valid, err := readRecord(a.fd)
+			switch {
+			case err != nil:
+				return fmt.Errorf("flock: reading lock file: %w", err)
+			case valid && rec.dead: // swept before we locked it
+				again = true
+				return nil
+			case valid && rec.limit > 1:
+				// Semaphore members hold it, or held it last. Alone (the
+				// lock converts), a reader may take it over.
+				ok, err := sysTryLock(a.fd, true)
+				if err != nil || !ok {
+					again, limit = true, rec.limit // the conversion dropped our lock
+					return err
+				}
+				converted = true
+			case !valid:
+				// A new file, or a damaged one: start above every swept
+				// name's last token.
+				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+					return err
+				}
+			}
+			token = backend.NextToken(rec.token, now)
+			out := c.holderRecord(token, now)
+			out.limit = 1
+			if err := writeRecord(a.fd, &out); err != nil {
+				return err
+			}
+			if converted {
+				if ok, err := sysDowngrade(a.fd); err != nil || !ok {
+					again = true // the kernel let someone in between
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			a.close()
+			return nil, err
+		}
+		if again {
+			a.close()
+			if mismatches++; mismatches > 1 {
+				if limit > 1 {
+					return nil, c.mismatch(limit)
+				}
+				return nil, ErrLocked
+			}
+			continue
+		}
+		h := c.newHolder(a.fd, noFile, "", token, now)
+		a.fd = noFile
+		return h, nil
+	}
+}
+
+// semAttempt takes one permit of a semaphore of n: a shared lock on
+// <esc>.lock, which makes it a member of the group whose limit the file
+// records, and an exclusive lock on one slot file <esc>.<i>.lock.
+//
+// The limit is written only under the exclusive lock (by the first member,
+// when nobody holds the name) and checked by each member under its shared
+// lock, so all members that hold at once agree on it. The token counter in
+// the same file is read and written by members under a short exclusive
+// lock on <esc>.guard.
+type semAttempt struct {
+	name   sysFile
+	slots  []sysFile
+	member bool // holds the shared lock and checked the limit
+	reused bool
+}
+
+func newSemAttempt(n int) *semAttempt {
+	s := &semAttempt{name: noFile, slots: make([]sysFile, n)}
+	for i := range s.slots {
+		s.slots[i] = noFile
+	}
+	return s
+}
+
+func (s *semAttempt) close() {
+	for i, fd := range s.slots {
+		if fd != noFile {
+			sysClose(fd)
+			s.slots[i] = noFile
+		}
+	}
+	if s.name != noFile {
+		sysClose(s.name)
+		s.name = noFile
+	}
+	s.member = false
+}
+
+// errChanged: a record checked under the shared lock changed, which the
+// protocol rules out unless someone wrote the file by hand.
+var errChanged = errors.New("flock: lock file changed while shared; was it edited by hand?")
+
+// maxJoinSpins bounds the passing states join waits out before it calls
+// the name busy.
+const maxJoinSpins = 20
+
+func (s *semAttempt) join(c *call) error {
+	mismatches := 0
+	for spins := 0; ; spins++ {
+		if spins >= maxJoinSpins {
+			return ErrLocked
+		}
+		if s.name == noFile {
+			fd, err := c.open(c.namePath)
+			if err != nil {
+				return err
+			}
+			s.name, s.reused = fd, false
+		}
+		ok, err := sysTryLock(s.name, true)
+		if err != nil {
+			return fmt.Errorf("flock: %w", err)
+		}
+		if ok {
+			// Nobody holds the name: record our limit, keep the counter.
+			rec, valid, err := readRecord(s.name)
+			if err != nil {
+				s.close()
+				return fmt.Errorf("flock: reading lock file: %w", err)
+			}
+			if valid && rec.dead {
+				err := c.finishSweep(s.name)
+				s.close()
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			if !valid {
+				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+					s.close()
+					return err
+				}
+			}
+			out := record{name: c.name, limit: c.limit, token: rec.token}
+			if err := writeRecord(s.name, &out); err != nil {
+				s.close()
+				return err
+			}
+			if ok, err := sysDowngrade(s.name); err != nil || !ok {
+				// The kernel let someone in between: start over.
+				s.close()
+				if err != nil {
+					return fmt.Errorf("flock: %w", err)
+				}
+				return ErrLocked
+			}
+		} else if ok, err := sysTryLock(s.name, false); err != nil {
+			return fmt.Errorf("flock: %w", err)
+		} else if !ok {
+			// An exclusive holder: a mutex, or for a moment a sweep or
+			// a first member writing its limit over an old one.
+			s.reused = true
+			rec, valid, _ := readRecord(s.name)
+			switch {
+			case valid && rec.dead && spins < maxDeadSpins:
+				s.close()
+				continue
+			case valid && !rec.dead && rec.limit != c.limit:
+				if spins < maxDeadSpins {
+					time.Sleep(50 * time.Microsecond)
+					continue
+				}
+				return c.mismatch(rec.limit)
+			}
+			return ErrLocked
+		}
+		// Shared. Members write the record under the guard, so read it
+		// there too.
+		var rec record
+		var valid bool
+		if err := c.underGuard(func() (err error) {
+			rec, valid, err = readRecord(s.name)
+			return err
+		}); err != nil {
+			s.close()
+			return err
+		}
+		switch {
+		case valid && rec.dead:
+			s.close()
+			continue
+		case valid && rec.limit == c.limit:
+			s.member = true
+			return nil
+		}
+		// Another limit, or no record: maybe the members it belonged to
+		// are gone and we joined only a passing shared lock (Inspect).
+		// Look once more before calling it a mismatch.
+		s.close()
+		if mismatches++; mismatches > 1 {
+			if valid {
+				return c.mismatch(rec.limit)
+			}
+			return ErrLocked
+		}
+	}
+}
+
+func (s *semAttempt) try(c *call) (*Holder, error) {
+	for {
+		if !s.member {
+			if err := s.join(c); err != nil {
+				return nil, err
+			}
+		}
+		for i := range s.slots {
+			if s.slots[i] == noFile {
+				fd, err := c.open(c.slotPath(i))
+				if err != nil {
+					return nil, err
+				}
+				s.slots[i] = fd
+			}
+			ok, err := sysTryLock(s.slots[i], true)
+			if err != nil {
+				return nil, fmt.Errorf("flock: %w", err)
+			}
+			if !ok {
+				continue
+			}
+			if s.reused {
+				same1, err1 := sysSameFile(s.name, c.namePath)
+				same2, err2 := sysSameFile(s.slots[i], c.slotPath(i))
+				if err := errors.Join(err1, err2); err != nil || !same1 || !same2 {
+					s.close()
+					if err != nil {
+						return nil, fmt.Errorf("flock: %w", err)
+					}
+					break // start over with fresh files
+				}
+			}
+			return s.take(c, i)
+		}
+		if s.member {
+			s.reused = true
+			return nil, ErrLocked
+		}
+	}
+}
+
+// take finishes an attempt that holds slot i: the token, under the guard.
+func (s *semAttempt) take(c *call, i int) (*Holder, error) {
+	now := time.Now()
+	var token uint64
+	err := c.underGuard(func() error {
+		rec, valid, err := readRecord(s.name)
+		if err != nil {
+			return fmt.Errorf("flock: reading lock file: %w", err)
+		}
+		if !valid || rec.dead || rec.limit != c.limit {
+			return errChanged
+		}
+		token = backend.NextToken(rec.token, now)
+		return writeRecord(s.name, &record{name: c.name, limit: c.limit, token: token})
+	})
+	if err == nil {
+		out := c.holderRecord(token, now)
+		err = writeRecord(s.slots[i], &out)
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	h := c.newHolder(s.name, s.slots[i], c.slotPath(i), token, now)
+	s.name, s.slots[i] = noFile, noFile
+	s.close()
+	return h, nil
+}
+
+// underGuard runs fn holding the exclusive lock of <esc>.guard. The guard
+// is held for a read and a write, so it is polled rather than waited for
+// with a blocking flock, which could not give up when ctx ends.
+func (c *call) underGuard(fn func() error) error {
+	fd, err := c.open(c.file(".guard"))
+	if err != nil {
+		return err
+	}
+	defer sysClose(fd)
+	if err := lockSpin(c.ctx, fd, true); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// lockSpin takes a lock that is only ever held for moments (a guard, the
+// fence file), polling so that it can give up when ctx ends.
+func lockSpin(ctx context.Context, fd sysFile, exclusive bool) error {
+	for d := 20 * time.Microsecond; ; d = min(2*d, 5*time.Millisecond) {
+		ok, err := sysTryLock(fd, exclusive)
+		if err != nil {
+			return fmt.Errorf("flock: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(d)
+	}
+}
