@@ -1,6 +1,7 @@
 package flock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,6 +103,11 @@ func (c *call) finishSweep(fd sysFile) error {
 // before it counts as busy: a sweeper holds a dead file only for moments.
 const maxDeadSpins = 3
 
+// errAgain is what a phase of an attempt returns when it met a passing
+// state (a file swept or replaced since it was opened): the attempt opens
+// the path again and tries once more.
+var errAgain = errors.New("flock: try again")
+
 // An attempt takes a name, or reports ErrLocked and keeps its files open
 // for the next try.
 type attempt interface {
@@ -109,18 +115,81 @@ type attempt interface {
 	close() // closes the files it still has
 }
 
+// newAttempt is the attempt of c's mode: a semaphore's permit, a shared
+// holder, or a mutex.
+func newAttempt(c *call) attempt {
+	switch {
+	case c.limit > 1:
+		return newSemAttempt(c.limit)
+	case c.o.Shared:
+		return &sharedAttempt{lockFile: lockFile{fd: noFile}}
+	}
+	return &mutexAttempt{lockFile: lockFile{fd: noFile}, want: noFile}
+}
+
+// lockFile is <esc>.lock as an attempt keeps it open from one try to the
+// next.
+type lockFile struct {
+	fd     sysFile
+	reused bool // opened before an earlier, failed try
+}
+
+// open opens the name's lock file unless it is open already.
+func (l *lockFile) open(c *call) error {
+	if l.fd != noFile {
+		return nil
+	}
+	fd, err := c.open(c.namePath)
+	if err != nil {
+		return err
+	}
+	l.fd, l.reused = fd, false
+	return nil
+}
+
+func (l *lockFile) close() {
+	if l.fd != noFile {
+		sysClose(l.fd)
+		l.fd = noFile
+	}
+}
+
+// moved reports whether a file opened before an earlier try is no longer
+// the one at the path.
+func (l *lockFile) moved(c *call) (bool, error) {
+	if !l.reused {
+		return false, nil
+	}
+	same, err := sysSameFile(l.fd, c.namePath)
+	if err != nil {
+		return false, fmt.Errorf("flock: %w", err)
+	}
+	return !same, nil
+}
+
+// why reads, without the lock, why the file is busy: errAgain for a
+// sweep removing it, a mismatch for semaphore permits, nil for a holder
+// (a torn read is invalid and counts as one).
+func (l *lockFile) why(c *call, spins int) error {
+	l.reused = true
+	rec, valid, _ := readRecord(l.fd)
+	switch {
+	case valid && rec.dead && spins < maxDeadSpins:
+		return errAgain
+	case valid && !rec.dead && rec.limit > 1:
+		return c.mismatch(rec.limit)
+	}
+	return nil
+}
+
 // mutexAttempt takes a name with limit 1: an exclusive lock on <esc>.lock.
 type mutexAttempt struct {
-	fd     sysFile
-	reused bool    // fd was opened before an earlier, failed try
-	want   sysFile // <esc>.want, locked exclusively while a writer waits
+	lockFile
+	want sysFile // <esc>.want, locked exclusively while a writer waits
 }
 
 func (m *mutexAttempt) close() {
-	if m.fd != noFile {
-		sysClose(m.fd)
-		m.fd = noFile
-	}
+	m.lockFile.close()
 	m.dropWant()
 }
 
@@ -161,88 +230,86 @@ func (m *mutexAttempt) holdWant(c *call) (bool, error) {
 
 func (m *mutexAttempt) try(c *call) (*Holder, error) {
 	for spins := 0; ; spins++ {
-		if m.fd == noFile {
-			fd, err := c.open(c.namePath)
-			if err != nil {
-				return nil, err
-			}
-			m.fd, m.reused = fd, false
+		if err := m.open(c); err != nil {
+			return nil, err
 		}
 		ok, err := sysTryLock(m.fd, true)
 		if err != nil {
 			return nil, fmt.Errorf("flock: %w", err)
 		}
-		if !ok {
-			m.reused = true
-			// Read without the lock only to say why: a torn read is
-			// invalid and counts as plain contention.
-			rec, valid, _ := readRecord(m.fd)
-			switch {
-			case valid && rec.dead && spins < maxDeadSpins:
-				m.close() // a sweeper is removing it: open the path again
-				continue
-			case valid && !rec.dead && rec.limit > 1:
-				return nil, c.mismatch(rec.limit) // semaphore permits hold it
-			}
-			if c.o.Wait {
-				// A writer that waits keeps new readers out, and tries
-				// once more in case the name was freed meanwhile.
-				took, err := m.holdWant(c)
-				if err != nil {
-					m.close()
-					return nil, err
-				}
-				if took && spins < maxDeadSpins {
-					continue
-				}
-			}
-			return nil, ErrLocked
+		var h *Holder
+		if ok {
+			h, err = m.stamp(c)
+		} else {
+			err = m.busy(c, spins)
 		}
-		rec, valid, err := readRecord(m.fd)
+		if err != errAgain {
+			return h, err
+		}
+	}
+}
+
+// busy handles a lock file another holds. A writer that waits then keeps
+// new readers out, and looks once more in case the name was freed
+// meanwhile.
+func (m *mutexAttempt) busy(c *call, spins int) error {
+	switch err := m.why(c, spins); {
+	case err == errAgain:
+		m.close() // a sweeper is removing it: open the path again
+		return err
+	case err != nil:
+		return err
+	}
+	if c.o.Wait {
+		took, err := m.holdWant(c)
 		if err != nil {
 			m.close()
-			return nil, fmt.Errorf("flock: reading lock file: %w", err)
+			return err
 		}
-		if valid && rec.dead {
-			err := c.finishSweep(m.fd)
-			m.close()
-			if err != nil {
-				return nil, err
-			}
-			continue
+		if took && spins < maxDeadSpins {
+			return errAgain
 		}
-		if m.reused {
-			// Opened before an earlier try: make sure it is still the
-			// file at the path.
-			if same, err := sysSameFile(m.fd, c.namePath); err != nil || !same {
-				m.close()
-				if err != nil {
-					return nil, fmt.Errorf("flock: %w", err)
-				}
-				continue
-			}
-		}
-		if !valid {
-			// A new file, or a damaged one: start above every swept
-			// name's last token, and above the clock.
-			if rec.token, err = readFence(c.ctx, c.dir); err != nil {
-				m.close()
-				return nil, err
-			}
-		}
-		now := time.Now()
-		token := backend.NextToken(rec.token, now)
-		out := c.holderRecord(token, now)
-		out.limit = 1
-		if err := writeRecord(m.fd, &out); err != nil {
+	}
+	return ErrLocked
+}
+
+// stamp finishes a try that locked the file: the next token and the
+// holder, written into the record.
+func (m *mutexAttempt) stamp(c *call) (*Holder, error) {
+	rec, valid, err := readRecord(m.fd)
+	if err != nil {
+		m.close()
+		return nil, fmt.Errorf("flock: reading lock file: %w", err)
+	}
+	if valid && rec.dead {
+		err := c.finishSweep(m.fd)
+		m.close()
+		return nil, cmp.Or(err, errAgain)
+	}
+	if moved, err := m.moved(c); err != nil || moved {
+		m.close()
+		return nil, cmp.Or(err, errAgain)
+	}
+	if !valid {
+		// A new file, or a damaged one: start above every swept name's
+		// last token, and above the clock.
+		if rec.token, err = readFence(c.ctx, c.dir); err != nil {
 			m.close()
 			return nil, err
 		}
-		h := c.newHolder(m.fd, noFile, "", token, now)
-		m.fd = noFile
-		m.dropWant() // readers that come now wait for h
-		return h, nil
 	}
+	now := time.Now()
+	token := backend.NextToken(rec.token, now)
+	out := c.holderRecord(token, now)
+	out.limit = 1
+	if err := writeRecord(m.fd, &out); err != nil {
+		m.close()
+		return nil, err
+	}
+	h := c.newHolder(m.fd, noFile, "", token, now)
+	m.fd = noFile
+	m.dropWant() // readers that come now wait for h
+	return h, nil
 }
 
 // sharedAttempt takes a name in shared mode (WithShared): a shared lock on
@@ -256,15 +323,7 @@ func (m *mutexAttempt) try(c *call) (*Holder, error) {
 // Readers write the name's record — its token counter, with the latest
 // reader as holder — under the guard, as semaphore members do.
 type sharedAttempt struct {
-	fd     sysFile
-	reused bool
-}
-
-func (a *sharedAttempt) close() {
-	if a.fd != noFile {
-		sysClose(a.fd)
-		a.fd = noFile
-	}
+	lockFile
 }
 
 // lockShared takes fd's shared lock if no writer waits.
@@ -289,12 +348,8 @@ func (c *call) lockShared(fd sysFile) (bool, error) {
 
 func (a *sharedAttempt) try(c *call) (*Holder, error) {
 	for spins, mismatches := 0, 0; ; spins++ {
-		if a.fd == noFile {
-			fd, err := c.open(c.namePath)
-			if err != nil {
-				return nil, err
-			}
-			a.fd, a.reused = fd, false
+		if err := a.open(c); err != nil {
+			return nil, err
 		}
 		ok, err := c.lockShared(a.fd)
 		if err != nil {
@@ -303,86 +358,90 @@ func (a *sharedAttempt) try(c *call) (*Holder, error) {
 		}
 		if !ok {
 			// A writer holds it or waits for it (or a sweep, for a moment).
-			a.reused = true
-			rec, valid, _ := readRecord(a.fd)
-			switch {
-			case valid && rec.dead && spins < maxDeadSpins:
-				a.close()
-				continue
-			case valid && !rec.dead && rec.limit > 1:
-				return nil, c.mismatch(rec.limit)
+			if err := a.why(c, spins); err != errAgain {
+				return nil, cmp.Or(err, ErrLocked)
 			}
-			return nil, ErrLocked
-		}
-		if a.reused {
-			if same, err := sysSameFile(a.fd, c.namePath); err != nil || !same {
-				a.close()
-				if err != nil {
-					return nil, fmt.Errorf("flock: %w", err)
-				}
-				continue
-			}
-		}
-		now := time.Now()
-		var token uint64
-		var again, converted bool
-		limit := 0 // a semaphore's, which holds the name
-		err = c.underGuard(func() error {
-			rec, valid, err := readRecord(a.fd)
-			switch {
-			case err != nil:
-				return fmt.Errorf("flock: reading lock file: %w", err)
-			case valid && rec.dead: // swept before we locked it
-				again = true
-				return nil
-			case valid && rec.limit > 1:
-				// Semaphore members hold it, or held it last. Alone (the
-				// lock converts), a reader may take it over.
-				ok, err := sysTryLock(a.fd, true)
-				if err != nil || !ok {
-					again, limit = true, rec.limit // the conversion dropped our lock
-					return err
-				}
-				converted = true
-			case !valid:
-				// A new file, or a damaged one: start above every swept
-				// name's last token.
-				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
-					return err
-				}
-			}
-			token = backend.NextToken(rec.token, now)
-			out := c.holderRecord(token, now)
-			out.limit = 1
-			if err := writeRecord(a.fd, &out); err != nil {
-				return err
-			}
-			if converted {
-				if ok, err := sysDowngrade(a.fd); err != nil || !ok {
-					again = true // the kernel let someone in between
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
 			a.close()
-			return nil, err
+			continue
 		}
-		if again {
+		if moved, err := a.moved(c); err != nil || moved {
 			a.close()
-			if mismatches++; mismatches > 1 {
-				if limit > 1 {
-					return nil, c.mismatch(limit)
-				}
-				return nil, ErrLocked
+			if err != nil {
+				return nil, err
 			}
 			continue
 		}
-		h := c.newHolder(a.fd, noFile, "", token, now)
-		a.fd = noFile
-		return h, nil
+		h, limit, err := a.stamp(c)
+		if err != errAgain {
+			return h, err
+		}
+		if mismatches++; mismatches > 1 {
+			if limit > 1 {
+				return nil, c.mismatch(limit)
+			}
+			return nil, ErrLocked
+		}
 	}
+}
+
+// stamp finishes a try that holds the shared lock: under the guard, the
+// next token and the reader, written into the record. errAgain when the
+// file was swept or semaphore members hold it (limit is theirs then).
+func (a *sharedAttempt) stamp(c *call) (h *Holder, limit int, err error) {
+	now := time.Now()
+	var token uint64
+	err = c.underGuard(func() (err error) {
+		token, limit, err = a.write(c, now)
+		return err
+	})
+	if err != nil {
+		a.close()
+		return nil, limit, err
+	}
+	h = c.newHolder(a.fd, noFile, "", token, now)
+	a.fd = noFile
+	return h, 0, nil
+}
+
+// write is stamp's work under the guard.
+func (a *sharedAttempt) write(c *call, now time.Time) (token uint64, limit int, err error) {
+	rec, valid, err := readRecord(a.fd)
+	converted := false
+	switch {
+	case err != nil:
+		return 0, 0, fmt.Errorf("flock: reading lock file: %w", err)
+	case valid && rec.dead: // swept before we locked it
+		return 0, 0, errAgain
+	case valid && rec.limit > 1:
+		// Semaphore members hold it, or held it last. Alone (the lock
+		// converts), a reader may take it over.
+		ok, err := sysTryLock(a.fd, true)
+		if err != nil {
+			return 0, 0, err
+		}
+		if !ok {
+			return 0, rec.limit, errAgain // the conversion dropped our lock
+		}
+		converted = true
+	case !valid:
+		// A new file, or a damaged one: start above every swept name's
+		// last token.
+		if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+			return 0, 0, err
+		}
+	}
+	token = backend.NextToken(rec.token, now)
+	out := c.holderRecord(token, now)
+	out.limit = 1
+	if err := writeRecord(a.fd, &out); err != nil {
+		return 0, 0, err
+	}
+	if converted {
+		if ok, err := sysDowngrade(a.fd); err != nil || !ok {
+			return 0, 0, cmp.Or(err, errAgain) // the kernel let someone in between
+		}
+	}
+	return token, 0, nil
 }
 
 // semAttempt takes one permit of a semaphore of n: a shared lock on
@@ -395,14 +454,14 @@ func (a *sharedAttempt) try(c *call) (*Holder, error) {
 // the same file is read and written by members under a short exclusive
 // lock on <esc>.guard.
 type semAttempt struct {
-	name   sysFile
-	slots  []sysFile
-	member bool // holds the shared lock and checked the limit
-	reused bool
+	lockFile
+	slots      []sysFile
+	member     bool // holds the shared lock and checked the limit
+	mismatches int  // limits that disagreed, in one join
 }
 
 func newSemAttempt(n int) *semAttempt {
-	s := &semAttempt{name: noFile, slots: make([]sysFile, n)}
+	s := &semAttempt{lockFile: lockFile{fd: noFile}, slots: make([]sysFile, n)}
 	for i := range s.slots {
 		s.slots[i] = noFile
 	}
@@ -416,10 +475,7 @@ func (s *semAttempt) close() {
 			s.slots[i] = noFile
 		}
 	}
-	if s.name != noFile {
-		sysClose(s.name)
-		s.name = noFile
-	}
+	s.lockFile.close()
 	s.member = false
 }
 
@@ -431,107 +487,129 @@ var errChanged = errors.New("flock: lock file changed while shared; was it edite
 // the name busy.
 const maxJoinSpins = 20
 
+// join makes the attempt a member: the name's lock file held shared, with
+// the limit checked.
 func (s *semAttempt) join(c *call) error {
-	mismatches := 0
-	for spins := 0; ; spins++ {
-		if spins >= maxJoinSpins {
-			return ErrLocked
+	s.mismatches = 0
+	for spins := 0; spins < maxJoinSpins; spins++ {
+		err := s.lockName(c, spins)
+		if err == nil {
+			err = s.check(c)
 		}
-		if s.name == noFile {
-			fd, err := c.open(c.namePath)
-			if err != nil {
-				return err
-			}
-			s.name, s.reused = fd, false
+		if err != errAgain {
+			return err
 		}
-		ok, err := sysTryLock(s.name, true)
+	}
+	return ErrLocked
+}
+
+// lockName takes the lock file shared; a first member, finding it free,
+// writes the limit first.
+func (s *semAttempt) lockName(c *call, spins int) error {
+	if err := s.open(c); err != nil {
+		return err
+	}
+	ok, err := sysTryLock(s.fd, true)
+	if err != nil {
+		return fmt.Errorf("flock: %w", err)
+	}
+	if ok {
+		return s.first(c)
+	}
+	if ok, err = sysTryLock(s.fd, false); err != nil {
+		return fmt.Errorf("flock: %w", err)
+	}
+	if !ok {
+		return s.busy(c, spins)
+	}
+	return nil
+}
+
+// first writes the limit into a lock file nobody holds, keeping the
+// counter, and converts the lock to shared.
+func (s *semAttempt) first(c *call) error {
+	rec, valid, err := readRecord(s.fd)
+	if err != nil {
+		s.close()
+		return fmt.Errorf("flock: reading lock file: %w", err)
+	}
+	if valid && rec.dead {
+		err := c.finishSweep(s.fd)
+		s.close()
+		return cmp.Or(err, errAgain)
+	}
+	if !valid {
+		if rec.token, err = readFence(c.ctx, c.dir); err != nil {
+			s.close()
+			return err
+		}
+	}
+	out := record{name: c.name, limit: c.limit, token: rec.token}
+	if err := writeRecord(s.fd, &out); err != nil {
+		s.close()
+		return err
+	}
+	if ok, err := sysDowngrade(s.fd); err != nil || !ok {
+		// The kernel let someone in between: start over.
+		s.close()
 		if err != nil {
 			return fmt.Errorf("flock: %w", err)
 		}
-		if ok {
-			// Nobody holds the name: record our limit, keep the counter.
-			rec, valid, err := readRecord(s.name)
-			if err != nil {
-				s.close()
-				return fmt.Errorf("flock: reading lock file: %w", err)
-			}
-			if valid && rec.dead {
-				err := c.finishSweep(s.name)
-				s.close()
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			if !valid {
-				if rec.token, err = readFence(c.ctx, c.dir); err != nil {
-					s.close()
-					return err
-				}
-			}
-			out := record{name: c.name, limit: c.limit, token: rec.token}
-			if err := writeRecord(s.name, &out); err != nil {
-				s.close()
-				return err
-			}
-			if ok, err := sysDowngrade(s.name); err != nil || !ok {
-				// The kernel let someone in between: start over.
-				s.close()
-				if err != nil {
-					return fmt.Errorf("flock: %w", err)
-				}
-				return ErrLocked
-			}
-		} else if ok, err := sysTryLock(s.name, false); err != nil {
-			return fmt.Errorf("flock: %w", err)
-		} else if !ok {
-			// An exclusive holder: a mutex, or for a moment a sweep or
-			// a first member writing its limit over an old one.
-			s.reused = true
-			rec, valid, _ := readRecord(s.name)
-			switch {
-			case valid && rec.dead && spins < maxDeadSpins:
-				s.close()
-				continue
-			case valid && !rec.dead && rec.limit != c.limit:
-				if spins < maxDeadSpins {
-					time.Sleep(50 * time.Microsecond)
-					continue
-				}
-				return c.mismatch(rec.limit)
-			}
-			return ErrLocked
-		}
-		// Shared. Members write the record under the guard, so read it
-		// there too.
-		var rec record
-		var valid bool
-		if err := c.underGuard(func() (err error) {
-			rec, valid, err = readRecord(s.name)
-			return err
-		}); err != nil {
-			s.close()
-			return err
-		}
-		switch {
-		case valid && rec.dead:
-			s.close()
-			continue
-		case valid && rec.limit == c.limit:
-			s.member = true
-			return nil
-		}
-		// Another limit, or no record: maybe the members it belonged to
-		// are gone and we joined only a passing shared lock (Inspect).
-		// Look once more before calling it a mismatch.
-		s.close()
-		if mismatches++; mismatches > 1 {
-			if valid {
-				return c.mismatch(rec.limit)
-			}
-			return ErrLocked
-		}
+		return ErrLocked
 	}
+	return nil
+}
+
+// busy handles an exclusive holder of the lock file: a mutex, or for a
+// moment a sweep or a first member writing its limit over an old one.
+func (s *semAttempt) busy(c *call, spins int) error {
+	s.reused = true
+	rec, valid, _ := readRecord(s.fd)
+	switch {
+	case valid && rec.dead && spins < maxDeadSpins:
+		s.close()
+		return errAgain
+	case valid && !rec.dead && rec.limit != c.limit:
+		if spins < maxDeadSpins {
+			time.Sleep(50 * time.Microsecond)
+			return errAgain
+		}
+		return c.mismatch(rec.limit)
+	}
+	return ErrLocked
+}
+
+// check reads the record of the shared lock file under the guard, where
+// members write it: a group of our limit is joined.
+func (s *semAttempt) check(c *call) error {
+	var rec record
+	var valid bool
+	if err := c.underGuard(func() (err error) {
+		rec, valid, err = readRecord(s.fd)
+		return err
+	}); err != nil {
+		s.close()
+		return err
+	}
+	switch {
+	case valid && rec.dead:
+		s.close()
+		return errAgain
+	case valid && rec.limit == c.limit:
+		s.member = true
+		return nil
+	}
+	// Another limit, or no record: maybe the members it belonged to are
+	// gone and we joined only a passing shared lock (Inspect). Look once
+	// more before calling it a mismatch.
+	s.close()
+	if s.mismatches++; s.mismatches > 1 {
+		if valid {
+			return c.mismatch(rec.limit)
+		}
+		return ErrLocked
+	}
+	return errAgain
 }
 
 func (s *semAttempt) try(c *call) (*Holder, error) {
@@ -557,7 +635,7 @@ func (s *semAttempt) try(c *call) (*Holder, error) {
 				continue
 			}
 			if s.reused {
-				same1, err1 := sysSameFile(s.name, c.namePath)
+				same1, err1 := sysSameFile(s.fd, c.namePath)
 				same2, err2 := sysSameFile(s.slots[i], c.slotPath(i))
 				if err := errors.Join(err1, err2); err != nil || !same1 || !same2 {
 					s.close()
@@ -567,7 +645,7 @@ func (s *semAttempt) try(c *call) (*Holder, error) {
 					break // start over with fresh files
 				}
 			}
-			return s.take(c, i)
+			return s.stamp(c, i)
 		}
 		if s.member {
 			s.reused = true
@@ -576,12 +654,12 @@ func (s *semAttempt) try(c *call) (*Holder, error) {
 	}
 }
 
-// take finishes an attempt that holds slot i: the token, under the guard.
-func (s *semAttempt) take(c *call, i int) (*Holder, error) {
+// stamp finishes an attempt that holds slot i: the token, under the guard.
+func (s *semAttempt) stamp(c *call, i int) (*Holder, error) {
 	now := time.Now()
 	var token uint64
 	err := c.underGuard(func() error {
-		rec, valid, err := readRecord(s.name)
+		rec, valid, err := readRecord(s.fd)
 		if err != nil {
 			return fmt.Errorf("flock: reading lock file: %w", err)
 		}
@@ -589,7 +667,7 @@ func (s *semAttempt) take(c *call, i int) (*Holder, error) {
 			return errChanged
 		}
 		token = backend.NextToken(rec.token, now)
-		return writeRecord(s.name, &record{name: c.name, limit: c.limit, token: token})
+		return writeRecord(s.fd, &record{name: c.name, limit: c.limit, token: token})
 	})
 	if err == nil {
 		out := c.holderRecord(token, now)
@@ -599,8 +677,8 @@ func (s *semAttempt) take(c *call, i int) (*Holder, error) {
 		s.close()
 		return nil, err
 	}
-	h := c.newHolder(s.name, s.slots[i], c.slotPath(i), token, now)
-	s.name, s.slots[i] = noFile, noFile
+	h := c.newHolder(s.fd, s.slots[i], c.slotPath(i), token, now)
+	s.fd, s.slots[i] = noFile, noFile
 	s.close()
 	return h, nil
 }

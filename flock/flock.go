@@ -166,43 +166,30 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	c.f, c.ctx, c.name, c.o, c.limit = f, ctx, name, o, o.Limit()
 	f.autoSweep(dir, sweepAfter(o))
 
-	var a attempt = &mutexAttempt{fd: noFile, want: noFile}
-	switch {
-	case c.limit > 1:
-		a = newSemAttempt(c.limit)
-	case o.Shared:
-		a = &sharedAttempt{fd: noFile}
-	}
+	a := newAttempt(c)
 	defer a.close()
-	watched := false
-	swept := 0
-	w := backend.Waiting{
-		Wait: o.Wait, Locked: ErrLocked, Closed: f.ctx.Done(),
-		MinPoll: minPoll, MaxPoll: maxPoll,
-		Subscribe: func() (backend.Subscription, error) {
-			s := subscribe(dir, c.esc)
-			watched = s.Watched()
-			return s, nil
-		},
-	}
-	return backend.Wait(ctx, w, func() (*Holder, time.Duration, error) {
-		h, err := a.try(c)
-		// A sweep holds names' files for moments: a name it held is not
-		// busy (see Factory.Sweep). A waiter is woken when it lets go.
-		for errors.Is(err, ErrLocked) && !o.Wait && swept < sweepRetries && afterSweep(ctx, dir) {
-			swept++
-			h, err = a.try(c)
+	w := &waiter{dir: dir, esc: c.esc}
+	return backend.Wait(ctx, w.waiting(o, f.ctx.Done()), func() (*Holder, time.Duration, error) {
+		h, err := c.try(a)
+		if err == nil {
+			if err = f.admit(h); err != nil {
+				h.closeFiles(nil)
+				h = nil
+			}
 		}
-		switch {
-		case err == nil && !f.track(h):
-			h.closeFiles(nil)
-			return nil, 0, lock.ErrClosed
-		case errors.Is(err, ErrLocked) && !watched:
-			// No inotify: polls are how releases in other processes show.
-			return nil, blindPoll, err
-		}
-		return h, 0, err
+		return h, w.hint(), err
 	})
+}
+
+// try makes one attempt. A sweep holds names' files for moments, and a
+// name only a sweep held is not busy (see Factory.Sweep): an Acquire that
+// does not wait tries again once the sweep lets go (a waiter is woken).
+func (c *call) try(a attempt) (*Holder, error) {
+	h, err := a.try(c)
+	for swept := 0; errors.Is(err, ErrLocked) && !c.o.Wait && swept < sweepRetries && afterSweep(c.ctx, c.dir); swept++ {
+		h, err = a.try(c)
+	}
+	return h, err
 }
 
 // Lock is the single-name form: flock.New(name, opts...).Acquire(ctx).
