@@ -31,8 +31,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 )
@@ -79,7 +77,7 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 	start := time.Now()
 	o, err := f.cfg.Resolve(name, opts, validate)
 	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
-		return f.take(ctx, name, &o, !o.NoAutoRenew)
+		return f.take(ctx, name, &o)
 	})
 }
 
@@ -105,7 +103,9 @@ func (f *Factory) dir(o *lock.Options) (string, error) {
 
 func (f *Factory) isClosed() bool { return f.closing.Err() != nil }
 
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
+// take makes attempts until one gets the lock, in backend.Wait (see
+// wait.go); a failed one removes what its attempt kept.
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -116,230 +116,17 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 	if err != nil {
 		return nil, 0, err
 	}
-	esc := backend.Escape(name)
-	var w *want
-	if o.Wait && !o.Shared && o.Limit() == 1 {
-		w = &want{} // a writer that waits keeps new readers out
-	}
-	h, waited, err := f.wait(ctx, o, dir, esc, func() (*Holder, time.Time, error) {
-		return f.try(ctx, dir, name, esc, o, renew, w)
+	c := &call{f: f, ctx: ctx, name: name, dir: dir, esc: backend.Escape(name), o: o, limit: o.Limit(), ttl: ttlOf(o), renew: !o.NoAutoRenew}
+	a := newAttempt(c)
+	w := &waiter{dir: dir, esc: c.esc}
+	h, waited, err := backend.Wait(ctx, w.waiting(o, f.closing.Done()), func() (*Holder, time.Duration, error) {
+		h, retryAt, err := c.try(a)
+		return h, w.hint(retryAt), err
 	})
-	if err != nil && w != nil {
-		w.drop(ctx, dir, esc)
+	if err != nil {
+		a.giveUp(c)
 	}
 	return h, waited, err
-}
-
-// try makes one attempt under the name's guard. On contention it returns
-// ErrLocked and, when known, the time the earliest live marker expires (or
-// w's intent is due to be rewritten). w is the intent of an exclusive
-// Acquire that waits, nil for others.
-func (f *Factory) try(ctx context.Context, dir, name, esc string, o *lock.Options, renew bool, w *want) (*Holder, time.Time, error) {
-	g, err := lockGuard(ctx, dir, esc)
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	defer g.unlock()
-	c := readCounter(g.fd)
-	limit := o.Limit()
-	ttl := ttlOf(o)
-	j := &judge{log: backend.Log(o), name: name, ttl: ttl, now: time.Now()}
-	mismatch := func(held int) error {
-		return fmt.Errorf("filelock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, held, limit)
-	}
-
-	// A stored limit that differs matters only while a permit under it is
-	// held; if none is, the new limit replaces it.
-	readers := c.readers
-	if c.limit != 0 && c.limit != limit {
-		for _, p := range heldPaths(dir, esc, c) {
-			_, live, _, err := j.examine(p)
-			if err != nil {
-				return nil, time.Time{}, err
-			}
-			if live {
-				return nil, time.Time{}, mismatch(c.limit)
-			}
-		}
-		readers = 0
-	}
-	if c.limit == 0 {
-		// No usable counter: every marker of the name, in whatever layout
-		// and slot, says the limit it was taken under; slot markers taken
-		// with limit 1 are shared holders'.
-		paths, err := markerFiles(dir, esc)
-		if err != nil {
-			return nil, time.Time{}, err
-		}
-		for _, p := range paths {
-			m, live, _, err := j.examine(p)
-			if err != nil {
-				return nil, time.Time{}, err
-			}
-			if live && m != nil && m.Limit != limit {
-				return nil, time.Time{}, mismatch(m.Limit)
-			}
-			readers = max(readers, slotOf(p)+1)
-		}
-	}
-
-	free, slot := "", -1
-	var retryAt time.Time
-	held := func(expires time.Time) (*Holder, time.Time, error) {
-		if retryAt.IsZero() || expires.Before(retryAt) {
-			retryAt = expires
-		}
-		if w != nil {
-			if err := w.hold(j, dir, esc, o); err != nil {
-				return nil, time.Time{}, err
-			}
-			if retryAt.IsZero() || !w.due.IsZero() && w.due.Before(retryAt) {
-				retryAt = w.due
-			}
-		}
-		return nil, retryAt, ErrLocked
-	}
-	if limit > 1 {
-		for i, p := range markerPaths(dir, esc, limit) {
-			m, live, expires, err := j.examine(p)
-			if err != nil {
-				return nil, time.Time{}, err
-			}
-			if !live {
-				if free == "" {
-					free, slot = p, i
-					if c.valid && c.limit == limit {
-						break // the counter is sound: no need to see every token
-					}
-				}
-				continue
-			}
-			if m != nil && m.Limit != 0 && m.Limit != limit {
-				return nil, time.Time{}, mismatch(m.Limit)
-			}
-			if retryAt.IsZero() || expires.Before(retryAt) {
-				retryAt = expires
-			}
-		}
-		if free == "" {
-			return nil, retryAt, ErrLocked
-		}
-		readers = 0
-	} else {
-		// A mutex, or a name taken shared: an exclusive holder's marker
-		// <esc>.lock, shared holders' in reader slots <esc>.<i>.lock.
-		_, live, expires, err := j.examine(mutexPath(dir, esc))
-		if err != nil {
-			return nil, time.Time{}, err
-		}
-		if live {
-			return held(expires)
-		}
-		if o.Shared {
-			// Writer preference: the intent of a writer that waits keeps
-			// new readers out. A reader takes the lowest free slot.
-			_, live, expires, err := j.examine(wantPath(dir, esc))
-			if err != nil {
-				return nil, time.Time{}, err
-			}
-			if live {
-				return held(expires)
-			}
-			for i := 0; free == ""; i++ {
-				p := slotPath(dir, esc, i)
-				m, live, _, err := j.examine(p)
-				if err != nil {
-					return nil, time.Time{}, err
-				}
-				if !live {
-					free, slot = p, i
-				} else if m != nil && m.Limit > 1 {
-					return nil, time.Time{}, mismatch(m.Limit)
-				}
-			}
-			readers = max(readers, slot+1)
-		} else {
-			for _, p := range slotPaths(dir, esc, readers) {
-				_, live, expires, err := j.examine(p)
-				if err != nil {
-					return nil, time.Time{}, err
-				}
-				if live {
-					return held(expires)
-				}
-			}
-			free, readers = mutexPath(dir, esc), 0
-		}
-	}
-
-	token := nextToken(c, j.seen)
-	id := self()
-	now := time.Now()
-	h := &Holder{
-		f: f, name: name, esc: esc, dir: dir, path: free, token: token, ttl: ttl, renew: renew,
-		opts: o, state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: now,
-	}
-	h.m = marker{
-		Name: name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start, StartTicks: id.ticks,
-		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS, TimeNS: id.timeNS,
-		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl,
-		Limit: limit, Slot: max(slot, 0), Shared: o.Shared, Owner: o.Owner, Meta: maps.Clone(o.Metadata),
-	}
-	data := h.m.encode()
-	if len(data) > maxMarker {
-		return nil, time.Time{}, fmt.Errorf("filelock: %w: owner and metadata make a marker of %d bytes, over %d", lock.ErrInvalidOption, len(data), maxMarker)
-	}
-	put := putCounter
-	if o.Shared && slot+1 > c.readers {
-		put = writeCounter // see counter.readers
-	}
-	if err := put(g.fd, token, limit, readers); err != nil {
-		return nil, time.Time{}, fmt.Errorf("filelock: write counter: %w", err)
-	}
-	tmp := tempPath(dir, esc, newNonce()[:16])
-	if err := writeTemp(tmp, data); err != nil {
-		return nil, time.Time{}, fmt.Errorf("filelock: write marker: %w", err)
-	}
-	err = unix.Link(tmp, free)
-	unix.Unlink(tmp)
-	if err == unix.EEXIST {
-		// Only a writer that ignores the guard can get here.
-		return nil, retryAt, ErrLocked
-	}
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("filelock: publish marker: %w", err)
-	}
-	if w != nil {
-		w.dropLocked(dir, esc) // readers that come now wait for h
-	}
-	h.mu.Lock()
-	err = f.register(h)
-	if err == nil {
-		h.startLocked(now)
-		h.state.Bound(o, ErrLockLost, nil, h.end)
-	}
-	h.mu.Unlock()
-	if err != nil {
-		unix.Unlink(free)
-		return nil, time.Time{}, err
-	}
-	return h, time.Time{}, nil
-}
-
-func (f *Factory) register(h *Holder) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return lock.ErrClosed
-	}
-	f.held[h] = struct{}{}
-	return nil
-}
-
-func (f *Factory) unregister(h *Holder) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.held, h)
 }
 
 // WithLock runs fn while holding name; see lock.WithLock.
