@@ -754,12 +754,12 @@ func TestHugeMarker(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustLocked(t, f, "big")
-	if n, err := f.Sweep(context.Background()); n != 0 || err != nil {
+	if n, err := f.Sweep(context.Background(), 0); n != 0 || err != nil {
 		t.Fatalf("Sweep of a young huge marker = %d, %v; want 0, nil", n, err)
 	}
 	old := time.Now().Add(-2 * time.Minute)
 	os.Chtimes(path, old, old)
-	if n, err := f.Sweep(context.Background()); n != 1 || err != nil {
+	if n, err := f.Sweep(context.Background(), 0); n != 1 || err != nil {
 		t.Fatalf("Sweep of an old huge marker = %d, %v; want 1, nil", n, err)
 	}
 	mustAcquire(t, f, "big").Release()

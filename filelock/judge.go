@@ -17,8 +17,9 @@ type judge struct {
 	name      string
 	ttl       time.Duration // for markers too damaged to say their own lease
 	now       time.Time
-	inspect   bool   // never remove
-	seen      uint64 // highest token seen
+	inspect   bool          // never remove
+	idle      time.Duration // leave stale markers written less than idle ago (Sweep)
+	seen      uint64        // highest token seen
 	reclaimed int
 }
 
@@ -52,7 +53,7 @@ func (j *judge) examine(path string) (m *marker, live bool, expires time.Time, e
 	if reason == "" {
 		return m, true, expires, nil
 	}
-	if j.inspect {
+	if j.inspect || j.idle > 0 && j.now.Sub(mtime) < j.idle {
 		return m, false, expires, nil
 	}
 	if err := unix.Unlink(path); err != nil && err != unix.ENOENT {

@@ -6,27 +6,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ubgo/lock/backend"
-	"github.com/ubgo/lock/internal/dirwatch"
-	"golang.org/x/sys/unix"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/dirwatch"
 )
 
-// tempAge is the age after which Sweep removes a temporary file.
+// tempAge is the youngest temporary file Sweep removes: a writer needs one
+// for milliseconds, so one older was left by a writer that died.
 const tempAge = time.Minute
 
-// Sweep removes the markers in the factory's directory that are provably
-// stale — their holder died on this host, or their lease ran out —, the
-// intents of waiting writers that are stale the same way, and the
-// stale temporary files of writers that crashed. It takes each name's
-// guard, so it never races an Acquire, a refresh or a Release. It returns
-// how many markers it removed. Acquire reclaims stale markers of the names it takes by
-// itself; Sweep is for tidying names nobody asks for any more.
-func (f *Factory) Sweep(ctx context.Context) (int, error) {
+// Sweep removes what no holder uses and was last written at least idle
+// ago, in the factory's directory, under each name's guard, so it never
+// races an Acquire, a refresh or a Release:
+//   - markers that are provably stale (their holder died on this host, or
+//     their lease ran out) and the intents of waiting writers stale the
+//     same way; a marker is last written by its last refresh;
+//   - temporary files of writers that crashed, once older than idle and
+//     than a minute.
+//
+// With idle 0 every stale marker goes, as the next Acquire of its name
+// would take it over; a larger idle leaves a dead holder's marker for
+// people to read. The names' .token files stay: they keep the next token
+// above the last. Sweep returns how many markers it removed. Acquire
+// reclaims stale markers of the names it takes by itself; Sweep is for
+// tidying names nobody asks for any more.
+func (f *Factory) Sweep(ctx context.Context, idle time.Duration) (int, error) {
 	if f.cfg.Err != nil {
 		return 0, f.cfg.Err
 	}
@@ -34,65 +45,86 @@ func (f *Factory) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	names, err := sweepList(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, esc := range slices.Sorted(maps.Keys(names)) {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		removed, err := f.sweepName(ctx, dir, esc, names[esc], idle)
+		n += removed
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// sweepFiles are the files of one name Sweep may remove.
+type sweepFiles struct {
+	markers []string // holders' markers and waiting writers' intents
+	temps   []string
+}
+
+// sweepList lists the directory's sweepFiles by escaped name.
+func sweepList(dir string) (map[string]*sweepFiles, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil // removed since first use: nothing to sweep
+		return nil, nil // removed since first use: nothing to sweep
 	}
 	if err != nil {
-		return 0, fmt.Errorf("filelock: %w", err)
+		return nil, fmt.Errorf("filelock: %w", err)
 	}
-	type files struct{ markers, temps []string }
-	byName := map[string]*files{}
+	names := map[string]*sweepFiles{}
 	for _, e := range entries {
 		esc, kind := classify(e.Name())
 		if kind != kindMarker && kind != kindWant && kind != kindTemp {
 			continue
 		}
-		fs := byName[esc]
+		fs := names[esc]
 		if fs == nil {
-			fs = &files{}
-			byName[esc] = fs
+			fs = &sweepFiles{}
+			names[esc] = fs
 		}
 		p := filepath.Join(dir, e.Name())
-		if kind != kindTemp { // a holder's marker or a waiting writer's intent
+		if kind != kindTemp {
 			fs.markers = append(fs.markers, p)
 		} else {
 			fs.temps = append(fs.temps, p)
 		}
 	}
-	n := 0
+	return names, nil
+}
+
+// sweepName sweeps the files of esc under its guard, and wakes its waiters
+// when it removed a marker.
+func (f *Factory) sweepName(ctx context.Context, dir, esc string, fs *sweepFiles, idle time.Duration) (int, error) {
+	g, err := lockGuard(ctx, dir, esc)
+	if err != nil {
+		return 0, err
+	}
+	j := &judge{log: backend.Log(&f.cfg.Options), name: esc, ttl: ttlOf(&f.cfg.Options), now: time.Now(), idle: idle}
 	var errs []error
-	for _, esc := range slices.Sorted(maps.Keys(byName)) {
-		if err := ctx.Err(); err != nil {
-			return n, err
-		}
-		fs := byName[esc]
-		g, err := lockGuard(ctx, dir, esc)
-		if err != nil {
+	for _, p := range fs.markers {
+		if _, _, _, err := j.examine(p); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, p := range fs.temps {
+		if st, err := os.Lstat(p); err != nil || time.Since(st.ModTime()) < max(idle, tempAge) {
 			continue
 		}
-		j := &judge{log: backend.Log(&f.cfg.Options), name: esc, ttl: ttlOf(&f.cfg.Options), now: time.Now()}
-		for _, p := range fs.markers {
-			if _, _, _, err := j.examine(p); err != nil {
-				errs = append(errs, err)
-			}
+		if err := unix.Unlink(p); err != nil && err != unix.ENOENT {
+			errs = append(errs, fmt.Errorf("filelock: remove %s: %w", p, err))
 		}
-		// A writer needs its temporary file for milliseconds; one older
-		// than tempAge was left by a writer that died.
-		for _, p := range fs.temps {
-			if st, err := os.Lstat(p); err != nil || time.Since(st.ModTime()) < tempAge {
-				continue
-			}
-			if err := unix.Unlink(p); err != nil && err != unix.ENOENT {
-				errs = append(errs, fmt.Errorf("filelock: remove %s: %w", p, err))
-			}
-		}
-		g.unlock()
-		if j.reclaimed > 0 {
-			dirwatch.Signal(dir, esc)
-		}
-		n += j.reclaimed
 	}
-	return n, errors.Join(errs...)
+	g.unlock()
+	if j.reclaimed > 0 {
+		dirwatch.Signal(dir, esc)
+	}
+	return j.reclaimed, errors.Join(errs...)
 }
