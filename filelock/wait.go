@@ -20,6 +20,9 @@ import (
 //     expired lease, another host, an intent given up elsewhere): from
 //     minPoll doubling to maxPollWatched (maxPollBlind without inotify),
 //     and at the moment the earliest live lease ends.
+//
+// Not a wait for a lock: a name's guard, held for a few system calls, is
+// queued for in this process and polled (guard.go).
 
 const (
 	minPoll        = 2 * time.Millisecond

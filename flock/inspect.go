@@ -30,13 +30,13 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err != nil {
 		return lock.Info{}, err
 	}
-	return inspectFile(ctx, dir, backend.Escape(name), name)
+	return inspectEsc(ctx, dir, backend.Escape(name), name)
 }
 
-// inspectFile reads the holders of the name whose escaped form is esc;
+// inspectEsc reads the holders of the name whose escaped form is esc;
 // name is "" when the caller knows only esc (List), and the record's
 // name is reported.
-func inspectFile(ctx context.Context, dir, esc, name string) (lock.Info, error) {
+func inspectEsc(ctx context.Context, dir, esc, name string) (lock.Info, error) {
 	c := newCall(dir, esc)
 	c.name = name
 	for i := 0; ; i++ {
@@ -73,7 +73,7 @@ func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, 
 		return esc, ok && esc != "" && !strings.Contains(esc, ".")
 	}
 	return backend.ListDir(ctx, backendName, prefix, dir, nameFile, func(dir, esc string) (lock.Info, error) {
-		return inspectFile(ctx, dir, esc, "")
+		return inspectEsc(ctx, dir, esc, "")
 	})
 }
 

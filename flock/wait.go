@@ -23,6 +23,8 @@ import (
 //
 // A waiter keeps its descriptors open between attempts, so its retries
 // make no close events of their own that would wake the other waiters.
+// Not waits for a lock: files held for a few system calls (a name's
+// guard, the fence, a sweep's hold on a name) are polled by lockSpin.
 
 const (
 	minPoll        = time.Millisecond
