@@ -104,8 +104,9 @@ func (c *call) finishSweep(fd sysFile) error {
 const maxDeadSpins = 3
 
 // errAgain is what a phase of an attempt returns when it met a passing
-// state (a file swept or replaced since it was opened): the attempt opens
-// the path again and tries once more.
+// state (a sweep, a file replaced since it was opened, a first member
+// writing its limit): the attempt tries once more, opening the path again
+// if the phase closed the file.
 var errAgain = errors.New("flock: try again")
 
 // An attempt takes a name, or reports ErrLocked and keeps its files open
@@ -169,7 +170,8 @@ func (l *lockFile) moved(c *call) (bool, error) {
 
 // why reads, without the lock, why the file is busy: errAgain for a
 // sweep removing it, a mismatch for semaphore permits, nil for a holder
-// (a torn read is invalid and counts as one).
+// (a torn read is invalid and counts as one). The file kept open is
+// reused: the try that locks it checks it is still the path's.
 func (l *lockFile) why(c *call, spins int) error {
 	l.reused = true
 	rec, valid, _ := readRecord(l.fd)
