@@ -304,6 +304,17 @@ func (c *child) stopOutsideGuard(t *testing.T, guard string) {
 	}
 }
 
+// awaitWaiter returns once an Acquire of this process waits on name: it
+// found the name held and subscribed to its wake-ups.
+func awaitWaiter(t *testing.T, dir, name string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); filelock.Waiting(dir, name) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no Acquire of %q waits after 10s", name)
+		}
+	}
+}
+
 func dirEnv(dir, name string) []string {
 	return []string{"FILELOCK_DIR=" + dir, "FILELOCK_NAME=" + name}
 }
@@ -353,7 +364,7 @@ func TestKilledHolderReclaimedAtOnce(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	awaitWaiter(t, dir, "nightly-import")
 	c.cmd.Process.Kill()
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after the holder died: %v", err)
@@ -560,7 +571,7 @@ func TestWaitAcrossProcesses(t *testing.T) {
 		h, err := f.Acquire(ctx, "handoff", filelock.WithWait())
 		got <- result{h, err, time.Now()}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	awaitWaiter(t, dir, "handoff")
 	released := time.Now()
 	c.stdin.Close()
 	r := <-got
