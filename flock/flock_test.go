@@ -45,10 +45,8 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		LossBound: 5 * time.Second,
-		// flock counts the waiters of the whole process; the suite's
-		// tests run one at a time.
-		Waiting:    func(string) int { return int(flock.Waiters()) },
+		LossBound:  5 * time.Second,
+		Waiting:    func(name string) int { return flock.Waiting(dir, name) },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory { return factory(t, opts...) },
 		TokenFile:  func(name string) string { return filepath.Join(dir, backend.Escape(name)+".lock") },
 		Name:       "flock",
@@ -355,7 +353,7 @@ func TestWaitReportsWaitTime(t *testing.T) {
 		w, err := f.Acquire(context.Background(), "w", flock.WithWait())
 		done <- result{w, err}
 	}()
-	waitForWaiters(t, 1)
+	waitForWaiters(t, f, "w", 1)
 	h.Release()
 	r := <-done
 	if r.err != nil {
@@ -367,13 +365,14 @@ func TestWaitReportsWaitTime(t *testing.T) {
 	}
 }
 
-// waitForWaiters returns once n Acquire calls of this process wait.
-func waitForWaiters(t testing.TB, n int64) {
+// waitForWaiters returns once n Acquire calls of this process wait on
+// name in f's directory.
+func waitForWaiters(t testing.TB, f *flock.Factory, name string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for flock.Waiters() < n {
+	for flock.Waiting(f.Dir(), name) < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters, want %d", flock.Waiters(), n)
+			t.Fatalf("%d waiters, want %d", flock.Waiting(f.Dir(), name), n)
 		}
 		time.Sleep(time.Millisecond)
 	}

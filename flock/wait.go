@@ -1,7 +1,6 @@
 package flock
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/ubgo/lock"
@@ -32,9 +31,6 @@ const (
 	maxPollBlind   = 50 * time.Millisecond  // no inotify: polls are how other processes' releases show
 )
 
-// waiters counts the Acquires of this process that wait, for tests.
-var waiters atomic.Int64
-
 // waiter is one Acquire's backend.Subscription: dirwatch's wake-ups of
 // its name, from its first contention on.
 type waiter struct {
@@ -52,13 +48,7 @@ func (w *waiter) waiting(o *lock.Options, closed <-chan struct{}) backend.Waitin
 
 func (w *waiter) subscribe() (backend.Subscription, error) {
 	w.Subscription = dirwatch.Subscribe(w.dir, w.esc)
-	waiters.Add(1)
 	return w, nil
-}
-
-func (w *waiter) Close() {
-	waiters.Add(-1)
-	w.Subscription.Close()
 }
 
 // hint caps the next poll at maxPollBlind when no inotify watch reports
