@@ -308,11 +308,9 @@ func (c *child) stopOutsideGuard(t *testing.T, guard string) {
 // found the name held and subscribed to its wake-ups.
 func awaitWaiter(t *testing.T, dir, name string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); filelock.Waiting(dir, name) == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no Acquire of %q waits after 10s", name)
-		}
-	}
+	testenv.Eventually(t, 10*time.Second, "an Acquire of "+name+" waiting", func() bool {
+		return filelock.Waiting(dir, name) > 0
+	})
 }
 
 func dirEnv(dir, name string) []string {
@@ -405,14 +403,10 @@ func TestKilledSharedHolderReclaimedAtOnce(t *testing.T) {
 	r := mustAcquire(t, f, "schema", filelock.WithShared())
 	w := startChild(t, "hold", append(env, "FILELOCK_WAIT=1")...)
 	want := filepath.Join(dir, "schema.want")
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
-		if _, err := os.Stat(want); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting writer wrote no intent in 30s")
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, "the waiting writer's intent", func() bool {
+		_, err := os.Stat(want)
+		return err == nil
+	})
 	mustLocked(t, f, "schema", filelock.WithShared()) // writer preference
 	w.cmd.Process.Signal(syscall.SIGKILL)
 	w.waitState(t, unix.WEXITED)

@@ -21,6 +21,7 @@ import (
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/filelock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"golang.org/x/sys/unix"
 )
@@ -627,11 +628,7 @@ func TestCloseRemovesMarkers(t *testing.T) {
 			t.Fatalf("marker left after Close: %v", err)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("the goroutines after Close back to %d", base), func() bool {
+		return runtime.NumGoroutine() <= base
+	})
 }

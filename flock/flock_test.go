@@ -18,6 +18,7 @@ import (
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/flock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 )
 
@@ -308,15 +309,13 @@ func TestLogs(t *testing.T) {
 	os.Remove(h.Path())
 	<-h.Done()
 	var out string
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		// The loss is logged just after Done closes.
+	// The loss is logged just after Done closes.
+	testenv.Eventually(t, time.Minute, "the loss logged", func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		out = buf.String()
-		mu.Unlock()
-		if strings.Contains(out, "lock lost") || time.Now().After(deadline) {
-			break
-		}
-	}
+		return strings.Contains(out, "lock lost")
+	})
 	for _, want := range []string{"level=DEBUG msg=\"lock acquire\" backend=flock name=logged outcome=ok", "level=WARN msg=\"lock lost\" backend=flock name=logged outcome=lost"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
@@ -369,13 +368,9 @@ func TestWaitReportsWaitTime(t *testing.T) {
 // name in f's directory.
 func waitForWaiters(t testing.TB, f *flock.Factory, name string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for flock.Waiting(f.Dir(), name) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters, want %d", flock.Waiting(f.Dir(), name), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("%d waiters on %q", n, name), func() bool {
+		return flock.Waiting(f.Dir(), name) >= n
+	})
 }
 
 func TestSweep(t *testing.T) {
