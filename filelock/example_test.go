@@ -68,8 +68,9 @@ func ExampleFactory_Sweep() {
 	defer locks.Close()
 
 	// Markers of holders that died on this host, or whose stale window ran
-	// out, are removed; live ones are left alone.
-	n, err := locks.Sweep(context.Background())
+	// out, are removed once an hour has passed since they were last
+	// written; live ones are left alone.
+	n, err := locks.Sweep(context.Background(), time.Hour)
 	fmt.Println(n, err)
 	// Output: 0 <nil>
 }

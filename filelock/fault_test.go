@@ -304,6 +304,15 @@ func (c *child) stopOutsideGuard(t *testing.T, guard string) {
 	}
 }
 
+// awaitWaiter returns once an Acquire of this process waits on name: it
+// found the name held and subscribed to its wake-ups.
+func awaitWaiter(t *testing.T, dir, name string) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "an Acquire of "+name+" waiting", func() bool {
+		return filelock.Waiting(dir, name) > 0
+	})
+}
+
 func dirEnv(dir, name string) []string {
 	return []string{"FILELOCK_DIR=" + dir, "FILELOCK_NAME=" + name}
 }
@@ -353,7 +362,7 @@ func TestKilledHolderReclaimedAtOnce(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	awaitWaiter(t, dir, "nightly-import")
 	c.cmd.Process.Kill()
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after the holder died: %v", err)
@@ -394,14 +403,10 @@ func TestKilledSharedHolderReclaimedAtOnce(t *testing.T) {
 	r := mustAcquire(t, f, "schema", filelock.WithShared())
 	w := startChild(t, "hold", append(env, "FILELOCK_WAIT=1")...)
 	want := filepath.Join(dir, "schema.want")
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
-		if _, err := os.Stat(want); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting writer wrote no intent in 30s")
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, "the waiting writer's intent", func() bool {
+		_, err := os.Stat(want)
+		return err == nil
+	})
 	mustLocked(t, f, "schema", filelock.WithShared()) // writer preference
 	w.cmd.Process.Signal(syscall.SIGKILL)
 	w.waitState(t, unix.WEXITED)
@@ -560,7 +565,7 @@ func TestWaitAcrossProcesses(t *testing.T) {
 		h, err := f.Acquire(ctx, "handoff", filelock.WithWait())
 		got <- result{h, err, time.Now()}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	awaitWaiter(t, dir, "handoff")
 	released := time.Now()
 	c.stdin.Close()
 	r := <-got
@@ -754,12 +759,12 @@ func TestHugeMarker(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustLocked(t, f, "big")
-	if n, err := f.Sweep(context.Background()); n != 0 || err != nil {
+	if n, err := f.Sweep(context.Background(), 0); n != 0 || err != nil {
 		t.Fatalf("Sweep of a young huge marker = %d, %v; want 0, nil", n, err)
 	}
 	old := time.Now().Add(-2 * time.Minute)
 	os.Chtimes(path, old, old)
-	if n, err := f.Sweep(context.Background()); n != 1 || err != nil {
+	if n, err := f.Sweep(context.Background(), 0); n != 1 || err != nil {
 		t.Fatalf("Sweep of an old huge marker = %d, %v; want 1, nil", n, err)
 	}
 	mustAcquire(t, f, "big").Release()

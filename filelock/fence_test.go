@@ -72,7 +72,7 @@ func TestFenceAndLedgerFiles(t *testing.T) {
 		h := mustAcquire(t, fac, n)
 		h.Release()
 	}
-	if n, err := fac.Sweep(ctx); n != 0 || err != nil {
+	if n, err := fac.Sweep(ctx, 0); n != 0 || err != nil {
 		t.Fatalf("Sweep: %d %v", n, err)
 	}
 	// The operator's re-run: delete the record.

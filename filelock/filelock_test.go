@@ -21,6 +21,7 @@ import (
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/filelock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"golang.org/x/sys/unix"
 )
@@ -535,9 +536,23 @@ func TestSweep(t *testing.T) {
 	live := mustAcquire(t, f, "live")
 	defer live.Release()
 
-	n, err := f.Sweep(context.Background())
-	if err != nil || n != 2 {
-		t.Fatalf("Sweep = %d, %v; want 2 markers reclaimed", n, err)
+	// idle: stale markers written within the last hour stay, and so does
+	// a temporary file of two minutes; one written two hours ago goes.
+	if n, err := f.Sweep(context.Background(), time.Hour); n != 0 || err != nil {
+		t.Fatalf("Sweep(1h) of young markers = %d, %v; want 0, nil", n, err)
+	}
+	older := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(dir, "dead.lock"), older, older)
+	if n, err := f.Sweep(context.Background(), time.Hour); n != 1 || err != nil {
+		t.Fatalf("Sweep(1h) = %d, %v; want the marker idle for 2h", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "crashed.0123456789abcdef.tmp")); err != nil {
+		t.Fatalf("Sweep(1h) removed a temporary file of 2 minutes: %v", err)
+	}
+
+	n, err := f.Sweep(context.Background(), 0)
+	if err != nil || n != 1 {
+		t.Fatalf("Sweep = %d, %v; want the other stale marker reclaimed", n, err)
 	}
 	for file, want := range map[string]bool{
 		"dead.lock": false, "expired.1.lock": false, "crashed.0123456789abcdef.tmp": false,
@@ -550,7 +565,7 @@ func TestSweep(t *testing.T) {
 	if live.Err() != nil {
 		t.Fatal("Sweep took a live lock")
 	}
-	if n, err := f.Sweep(context.Background()); n != 0 || err != nil {
+	if n, err := f.Sweep(context.Background(), 0); n != 0 || err != nil {
 		t.Fatalf("second Sweep = %d, %v", n, err)
 	}
 }
@@ -584,7 +599,7 @@ func TestSweepDuringAcquires(t *testing.T) {
 	}
 	f := newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
 	for ctx.Err() == nil {
-		if _, err := f.Sweep(context.Background()); err != nil {
+		if _, err := f.Sweep(context.Background(), 0); err != nil {
 			t.Error(err)
 		}
 	}
@@ -613,11 +628,7 @@ func TestCloseRemovesMarkers(t *testing.T) {
 			t.Fatalf("marker left after Close: %v", err)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("the goroutines after Close back to %d", base), func() bool {
+		return runtime.NumGoroutine() <= base
+	})
 }

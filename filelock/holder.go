@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -49,6 +50,66 @@ type Holder struct {
 	over        bool        // no more disk work: released, or lost and cleaned up
 }
 
+// margin is how long before its lease runs out a holder that could not
+// refresh declares the lock lost, so that it knows before anyone can take
+// the marker over.
+func margin(ttl time.Duration) time.Duration { return min(ttl/10, 2*time.Second) }
+
+// checkEvery is how often a held marker is read back to notice a takeover
+// or removal.
+func checkEvery(ttl time.Duration) time.Duration {
+	return min(max(ttl/8, 10*time.Millisecond), time.Second)
+}
+
+// refreshEvery is how often auto-renewing holders refresh: three tries
+// before the lease runs out.
+func refreshEvery(ttl time.Duration) time.Duration { return ttl / 3 }
+
+// newHolder is the holder of a new marker at path, in slot (-1 for
+// <esc>.lock), with token: not yet written.
+func (c *call) newHolder(path string, slot int, token uint64) *Holder {
+	id := self()
+	now := time.Now()
+	h := &Holder{
+		f: c.f, name: c.name, esc: c.esc, dir: c.dir, path: path, token: token, ttl: c.ttl, renew: c.renew,
+		opts: c.o, state: backend.NewState(), ctx: context.WithoutCancel(c.ctx), since: now,
+	}
+	h.m = marker{
+		Name: c.name, Token: token, Nonce: newNonce(), PID: id.pid, Start: id.start, StartTicks: id.ticks,
+		Host: id.host, BootID: id.bootID, PIDNS: id.pidNS, TimeNS: id.timeNS,
+		Acquired: now, Refreshed: now, Expires: now.Add(c.ttl), StaleAfter: c.ttl,
+		Limit: c.limit, Slot: max(slot, 0), Shared: c.o.Shared, Owner: c.o.Owner, Meta: maps.Clone(c.o.Metadata),
+	}
+	return h
+}
+
+// admit adds h to the factory's holders, which Close ends, and starts its
+// timers and WithMaxHold's bound; lock.ErrClosed when the factory is
+// closed.
+func (f *Factory) admit(h *Holder) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f.mu.Lock()
+	closed := f.closed
+	if !closed {
+		f.held[h] = struct{}{}
+	}
+	f.mu.Unlock()
+	if closed {
+		return lock.ErrClosed
+	}
+	h.startLocked(h.since)
+	h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
+	return nil
+}
+
+// forget drops h from the factory's holders.
+func (f *Factory) forget(h *Holder) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.held, h)
+}
+
 // Token is the fencing token, strictly increasing per name.
 func (h *Holder) Token() uint64 { return h.token }
 
@@ -81,7 +142,7 @@ func (h *Holder) Release() error {
 	defer cancel()
 	err := h.removeLocked(ctx)
 	if errors.Is(err, errNotOurs) {
-		h.lose(h.takenOver())
+		h.declare(h.takenOver())
 		return h.state.Err()
 	}
 	if !h.state.End() {
@@ -112,14 +173,14 @@ func (h *Holder) extendLocked(ctx context.Context) error {
 		return fmt.Errorf("%w: released", ErrLockLost)
 	}
 	if !time.Now().Before(h.deadline) { // its timer is about to fire
-		h.lose(h.expired())
+		h.declare(h.expired())
 		h.dropLocked()
 		h.finishLocked()
 		return h.state.Err()
 	}
 	err := h.refreshLocked(ctx)
 	if errors.Is(err, errNotOurs) {
-		h.lose(h.takenOver())
+		h.declare(h.takenOver())
 		h.finishLocked()
 		return h.state.Err()
 	}
@@ -154,7 +215,7 @@ func (h *Holder) finishLocked() {
 	h.over = true
 	h.expiry.Stop()
 	h.visits.Stop()
-	h.f.unregister(h)
+	h.f.forget(h)
 }
 
 // refreshLocked rewrites the marker with a new refresh time, only if it is
@@ -256,7 +317,7 @@ func (h *Holder) visit() {
 		err := h.refreshLocked(ctx)
 		cancel()
 		if errors.Is(err, errNotOurs) {
-			h.lose(h.takenOver())
+			h.declare(h.takenOver())
 			h.finishLocked()
 			return
 		}
@@ -270,7 +331,7 @@ func (h *Holder) visit() {
 		}
 	case !now.Before(h.nextCheck):
 		if err := h.oursLocked(); errors.Is(err, errNotOurs) {
-			h.lose(h.takenOver())
+			h.declare(h.takenOver())
 			h.finishLocked()
 			return
 		}
@@ -282,13 +343,13 @@ func (h *Holder) visit() {
 // expire runs on the expiry timer, at the deadline: the holder learns at
 // once — no I/O, no h.mu, so a refresh stalled on the disk or on a guard
 // cannot delay it — and then the marker, if still ours, is removed.
-func (h *Holder) expire() { h.end(h.expired()) }
+func (h *Holder) expire() { h.lose(h.expired()) }
 
-// end loses the lock with err, at once and without I/O, then removes the
-// marker if it is still ours: the deadline's end, and WithMaxHold's (see
-// backend.State.Bound).
-func (h *Holder) end(err error) {
-	h.lose(err)
+// lose ends the lock with err: the holder is told at once, without I/O
+// (declare), then its marker is removed if still ours. The deadline's
+// end, and WithMaxHold's (the callback of backend.State.Bound).
+func (h *Holder) lose(err error) {
+	h.declare(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.over {
@@ -306,8 +367,9 @@ func (h *Holder) takenOver() error {
 	return fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path)
 }
 
-// lose ends the lock with err; it needs no lock and does no I/O.
-func (h *Holder) lose(err error) {
+// declare marks the lock lost and reports it; it needs no lock and does
+// no I/O.
+func (h *Holder) declare(err error) {
 	if h.state.Lose(err) {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
@@ -316,7 +378,7 @@ func (h *Holder) lose(err error) {
 // closeByFactory ends the lock when its factory closes: lost at once, then
 // the marker removed if still ours.
 func (h *Holder) closeByFactory() error {
-	h.lose(fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed))
+	h.declare(fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.over {

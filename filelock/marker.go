@@ -12,6 +12,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -468,4 +469,32 @@ func nextToken(c counter, seen uint64) uint64 {
 		stored = max(stored, c.token)
 	}
 	return backend.NextToken(stored, time.Now())
+}
+
+// namePaths lists the marker files that exist for esc.
+func namePaths(dir, esc string) ([]string, error) {
+	fd, err := open(counterPath(dir, esc), unix.O_RDONLY, 0)
+	if err == nil {
+		c := readCounter(fd)
+		unix.Close(fd)
+		if c.limit > 0 {
+			return heldPaths(dir, esc, c), nil
+		}
+	}
+	return markerFiles(dir, esc) // no counter to say the limit
+}
+
+// markerFiles lists the marker files of esc in dir, whatever their layout.
+func markerFiles(dir, esc string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("filelock: %w", err)
+	}
+	var ps []string
+	for _, e := range entries {
+		if n, kind := classify(e.Name()); n == esc && kind == kindMarker {
+			ps = append(ps, filepath.Join(dir, e.Name()))
+		}
+	}
+	return ps, nil
 }

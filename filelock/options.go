@@ -3,6 +3,7 @@
 package filelock
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -93,3 +94,17 @@ func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
 
 // WithObserver sets the metrics and tracing hook.
 func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }
+
+func validate(o *lock.Options) error {
+	if o.TTL != 0 && o.TTL < MinStaleAfter {
+		return fmt.Errorf("%w: stale window %v is below the minimum %v", lock.ErrInvalidOption, o.TTL, MinStaleAfter)
+	}
+	return nil
+}
+
+func ttlOf(o *lock.Options) time.Duration {
+	if o.TTL == 0 {
+		return DefaultStaleAfter
+	}
+	return o.TTL
+}

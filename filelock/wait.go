@@ -3,7 +3,6 @@
 package filelock
 
 import (
-	"context"
 	"time"
 
 	"github.com/ubgo/lock"
@@ -11,45 +10,55 @@ import (
 	"github.com/ubgo/lock/internal/dirwatch"
 )
 
-// Polling of waiters, for locks freed without a file event (crash, expiry,
-// another host): it starts fast and backs off to the cap. The cap is lower
-// when no directory watch delivers releases by other processes.
+// Waiting, one model: attempts in backend.Wait, woken through
+// internal/dirwatch, else a poll. A waiter retries under the name's guard,
+// woken by
+//   - releases and sweeps in this process, which signal the name;
+//   - the removal of a marker by another process on this host, from one
+//     inotify watch per directory and process (Linux);
+//   - a poll, for markers freed without a file event here (a crash, an
+//     expired lease, another host, an intent given up elsewhere): from
+//     minPoll doubling to maxPollWatched (maxPollBlind without inotify),
+//     and at the moment the earliest live lease ends.
+//
+// Not a wait for a lock: a name's guard, held for a few system calls, is
+// queued for in this process and polled (guard.go).
+
 const (
 	minPoll        = 2 * time.Millisecond
-	maxPollWatched = 250 * time.Millisecond
-	maxPollBlind   = 50 * time.Millisecond
+	maxPollWatched = 250 * time.Millisecond // inotify watches: polls cover what no event reports
+	maxPollBlind   = 50 * time.Millisecond  // no inotify: polls are how other processes' releases show
 )
 
-// wait makes attempts on esc in dir until one takes the lock, or, with
-// WithWait, until ctx ends or the factory closes. attempt returns, on
-// contention, when the earliest live marker's lease ends (zero if unknown).
-// Waiters are woken by releases and sweeps in this process and by the
-// directory's watch (dirwatch).
-func (f *Factory) wait(ctx context.Context, o *lock.Options, dir, esc string, attempt func() (*Holder, time.Time, error)) (*Holder, time.Duration, error) {
-	var sub *dirwatch.Subscription
-	w := backend.Waiting{
-		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing.Done(),
-		MinPoll: minPoll, MaxPoll: maxPollWatched,
-		Subscribe: func() (backend.Subscription, error) {
-			sub = dirwatch.Subscribe(dir, esc)
-			return sub, nil
-		},
-	}
-	return backend.Wait(ctx, w, func() (*Holder, time.Duration, error) {
-		h, retryAt, err := attempt()
-		return h, retryHint(retryAt, sub), err
-	})
+// waiter is one Acquire's backend.Subscription: dirwatch's wake-ups of
+// its name, from its first contention on.
+type waiter struct {
+	dir, esc string
+	*dirwatch.Subscription
 }
 
-// retryHint caps the next poll: at a moment after the earliest live
-// marker's lease ends, and at maxPollBlind when no watch reports releases
-// by other processes.
-func retryHint(retryAt time.Time, sub *dirwatch.Subscription) time.Duration {
+// waiting describes the wait to backend.Wait.
+func (w *waiter) waiting(o *lock.Options, closed <-chan struct{}) backend.Waiting {
+	return backend.Waiting{
+		Wait: o.Wait, Locked: ErrLocked, Closed: closed,
+		MinPoll: minPoll, MaxPoll: maxPollWatched, Subscribe: w.subscribe,
+	}
+}
+
+func (w *waiter) subscribe() (backend.Subscription, error) {
+	w.Subscription = dirwatch.Subscribe(w.dir, w.esc)
+	return w, nil
+}
+
+// hint caps the next poll: at a moment after retryAt, when the earliest
+// live marker's lease ends, and at maxPollBlind when no inotify watch
+// reports other processes' releases.
+func (w *waiter) hint(retryAt time.Time) time.Duration {
 	var d time.Duration
 	if !retryAt.IsZero() {
 		d = max(time.Until(retryAt)+time.Millisecond, minPoll)
 	}
-	if sub != nil && !sub.Watched() && (d == 0 || d > maxPollBlind) {
+	if w.Subscription != nil && !w.Watched() && (d == 0 || d > maxPollBlind) {
 		d = maxPollBlind
 	}
 	return d

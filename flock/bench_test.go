@@ -128,7 +128,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			got <- w
 		}()
-		for flock.Waiters() == 0 {
+		for flock.Waiting(f.Dir(), "pp") == 0 {
 			runtime.Gosched()
 		}
 		start := time.Now()

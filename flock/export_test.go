@@ -1,10 +1,21 @@
 package flock
 
-import "github.com/ubgo/lock/internal/dirwatch"
+import (
+	"path/filepath"
 
-// Waiters is how many Acquire calls of this process are waiting, so tests
-// can act once a waiter waits.
-func Waiters() int64 { return waiting.Load() }
+	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/dirwatch"
+)
+
+// Waiting is how many Acquires of this process wait on name in dir, so
+// tests can act once a waiter waits.
+func Waiting(dir, name string) int {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return 0
+	}
+	return dirwatch.Subscribers(abs, backend.Escape(name))
+}
 
 // SignalForTest wakes the waiters of the escaped name esc in dir, as a
 // release in this process does.

@@ -72,7 +72,7 @@ func childWait() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	go func() {
-		for flock.Waiters() == 0 {
+		for flock.Waiting(os.Getenv("FLOCK_DIR"), os.Getenv("FLOCK_NAME")) == 0 {
 			time.Sleep(time.Millisecond)
 		}
 		fmt.Println("waiting")
@@ -185,7 +185,7 @@ func TestKilledHolderFreesAtOnce(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitForWaiters(t, 1)
+	waitForWaiters(t, f, "job", 1)
 	c.cmd.Process.Kill()
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after the holder was killed: %v", err)
@@ -284,7 +284,7 @@ func TestStoppedHolderKeepsLock(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitForWaiters(t, 1)
+	waitForWaiters(t, f, "paused", 1)
 	time.Sleep(50 * time.Millisecond)
 	select {
 	case err := <-got:

@@ -18,6 +18,7 @@ import (
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/flock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 )
 
@@ -45,10 +46,8 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		LossBound: 5 * time.Second,
-		// flock counts the waiters of the whole process; the suite's
-		// tests run one at a time.
-		Waiting:    func(string) int { return int(flock.Waiters()) },
+		LossBound:  5 * time.Second,
+		Waiting:    func(name string) int { return flock.Waiting(dir, name) },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory { return factory(t, opts...) },
 		TokenFile:  func(name string) string { return filepath.Join(dir, backend.Escape(name)+".lock") },
 		Name:       "flock",
@@ -310,15 +309,13 @@ func TestLogs(t *testing.T) {
 	os.Remove(h.Path())
 	<-h.Done()
 	var out string
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		// The loss is logged just after Done closes.
+	// The loss is logged just after Done closes.
+	testenv.Eventually(t, time.Minute, "the loss logged", func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		out = buf.String()
-		mu.Unlock()
-		if strings.Contains(out, "lock lost") || time.Now().After(deadline) {
-			break
-		}
-	}
+		return strings.Contains(out, "lock lost")
+	})
 	for _, want := range []string{"level=DEBUG msg=\"lock acquire\" backend=flock name=logged outcome=ok", "level=WARN msg=\"lock lost\" backend=flock name=logged outcome=lost"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
@@ -355,7 +352,7 @@ func TestWaitReportsWaitTime(t *testing.T) {
 		w, err := f.Acquire(context.Background(), "w", flock.WithWait())
 		done <- result{w, err}
 	}()
-	waitForWaiters(t, 1)
+	waitForWaiters(t, f, "w", 1)
 	h.Release()
 	r := <-done
 	if r.err != nil {
@@ -367,16 +364,13 @@ func TestWaitReportsWaitTime(t *testing.T) {
 	}
 }
 
-// waitForWaiters returns once n Acquire calls of this process wait.
-func waitForWaiters(t testing.TB, n int64) {
+// waitForWaiters returns once n Acquire calls of this process wait on
+// name in f's directory.
+func waitForWaiters(t testing.TB, f *flock.Factory, name string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for flock.Waiters() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters, want %d", flock.Waiters(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("%d waiters on %q", n, name), func() bool {
+		return flock.Waiting(f.Dir(), name) >= n
+	})
 }
 
 func TestSweep(t *testing.T) {

@@ -67,7 +67,7 @@ func (h *Holder) Path() string {
 // error matching ErrLockLost.
 func (h *Holder) Release() error {
 	if h.closeFiles(nil) {
-		h.f.untrack(h)
+		h.f.forget(h)
 		dirwatch.Signal(h.dir, h.esc)
 		if h.state.End() {
 			backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since)})
@@ -85,7 +85,7 @@ func (h *Holder) lose(err error) {
 	if !h.closeFiles(func() { lost = h.state.Lose(err) }) {
 		return // released, or lost already
 	}
-	h.f.untrack(h)
+	h.f.forget(h)
 	dirwatch.Signal(h.dir, h.esc)
 	if lost {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
@@ -130,23 +130,25 @@ func (h *Holder) inPlace() bool {
 	return true
 }
 
-// track adds h to the factory's holders, which Close loses and the check
-// timer verifies; false when the factory is closed.
-func (f *Factory) track(h *Holder) bool {
+// admit adds h to the factory's holders, which Close loses and the check
+// timer verifies, and bounds it by WithMaxHold; lock.ErrClosed when the
+// factory is closed.
+func (f *Factory) admit(h *Holder) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
-		return false
+		return lock.ErrClosed
 	}
 	f.held[h] = struct{}{}
 	if f.check > 0 && f.timer == nil {
 		f.timer = time.AfterFunc(f.check, f.verify)
 	}
 	h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
-	return true
+	return nil
 }
 
-func (f *Factory) untrack(h *Holder) {
+// forget drops h from the factory's holders.
+func (f *Factory) forget(h *Holder) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.held, h)

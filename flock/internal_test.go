@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 func TestRecordRoundTrip(t *testing.T) {
@@ -297,14 +298,10 @@ func TestAutoSweepIsOptIn(t *testing.T) {
 	if take("new", WithSweepAfter(time.Hour)); !scheduled() {
 		t.Fatal("Acquire with WithSweepAfter started no sweep")
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		if _, err := os.Stat(old); os.IsNotExist(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the background sweep left old.lock, idle for 2h")
-		}
-	}
+	testenv.Eventually(t, time.Minute, "the background sweep removing old.lock, idle for 2h", func() bool {
+		_, err := os.Stat(old)
+		return os.IsNotExist(err)
+	})
 	if _, err := os.Stat(filepath.Join(dir, "new.lock")); err != nil {
 		t.Fatalf("the background sweep removed new.lock, just used: %v", err)
 	}

@@ -1,7 +1,10 @@
 package flock
 
 import (
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/ubgo/lock"
@@ -15,6 +18,13 @@ import (
 // them; invalid values of them are still reported.
 type Option = lock.Option
 
+// DefaultDir is the directory used without WithDir:
+// filepath.Join(os.TempDir(), "ubgo-lock"). Every user of a lock must be
+// able to create and open files read-write there; services should pass a
+// directory of their own (for example under /run) that /tmp cleaners leave
+// alone.
+func DefaultDir() string { return filepath.Join(os.TempDir(), "ubgo-lock") }
+
 // WithDir sets the directory of the lock files, created with its parents
 // on first use if missing. Default DefaultDir().
 func WithDir(dir string) Option { return lock.WithDir(dir) }
@@ -24,6 +34,17 @@ func WithDir(dir string) Option { return lock.WithDir(dir) }
 // most MaxPermits; a different n gets an error matching
 // lock.ErrLimitMismatch. Without it the name is a mutex.
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
+
+// MaxPermits is the largest semaphore flock accepts: an Acquire may open
+// one file per permit, and a waiter keeps them open.
+const MaxPermits = 1024
+
+func checkPermits(o *lock.Options) error {
+	if o.MaxConcurrent > MaxPermits {
+		return fmt.Errorf("flock: %w: WithMaxConcurrent(%d): at most %d", lock.ErrInvalidOption, o.MaxConcurrent, MaxPermits)
+	}
+	return nil
+}
 
 // WithWait makes Acquire wait until the lock is free or its context ends.
 // Waiters are woken by releases in the same process at once, by releases

@@ -90,6 +90,7 @@ func (f *Factory) autoSweep(dir string, d time.Duration) {
 	}()
 }
 
+// nameFiles are the files of one name Sweep may remove.
 type nameFiles struct {
 	hasLock bool
 	newest  time.Time
@@ -97,40 +98,9 @@ type nameFiles struct {
 }
 
 func sweepDir(ctx context.Context, dir string, idle time.Duration) (int, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
+	names, err := sweepList(dir)
 	if err != nil {
-		return 0, fmt.Errorf("flock: %w", err)
-	}
-	names := map[string]*nameFiles{}
-	for _, e := range ents {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		file := e.Name()
-		esc, kind, ok := splitFile(file)
-		if !ok {
-			continue
-		}
-		info, err := e.Info()
-		if err != nil {
-			continue // removed since the listing
-		}
-		n := names[esc]
-		if n == nil {
-			n = &nameFiles{}
-			names[esc] = n
-		}
-		if kind == "lock" {
-			n.hasLock = true
-		} else {
-			n.others = append(n.others, file)
-		}
-		if t := info.ModTime(); t.After(n.newest) {
-			n.newest = t
-		}
+		return 0, err
 	}
 	removed := 0
 	var errs []error
@@ -167,6 +137,46 @@ func sweepDir(ctx context.Context, dir string, idle time.Duration) (int, error) 
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// sweepList lists the directory's nameFiles by escaped name.
+func sweepList(dir string) (map[string]*nameFiles, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("flock: %w", err)
+	}
+	names := map[string]*nameFiles{}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		file := e.Name()
+		esc, kind, ok := splitFile(file)
+		if !ok {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue // removed since the listing
+		}
+		n := names[esc]
+		if n == nil {
+			n = &nameFiles{}
+			names[esc] = n
+		}
+		if kind == "lock" {
+			n.hasLock = true
+		} else {
+			n.others = append(n.others, file)
+		}
+		if t := info.ModTime(); t.After(n.newest) {
+			n.newest = t
+		}
+	}
+	return names, nil
 }
 
 // fenceFile is the directory's high-water mark: no smaller than the last

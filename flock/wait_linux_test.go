@@ -65,7 +65,7 @@ func TestCloseEvents(t *testing.T) {
 			got <- err
 		}()
 	}
-	waitForWaiters(t, 2)
+	waitForWaiters(t, f, "x", 2)
 	// The waiters poll every few milliseconds meanwhile, and each
 	// Signal makes them try again.
 	quiet := time.After(300 * time.Millisecond)
