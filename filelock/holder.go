@@ -325,9 +325,10 @@ func (h *Holder) visit() {
 			return // expire, waiting for h.mu, cleans up
 		}
 		if err != nil {
-			// Try again soon; the deadline ends the lock if this goes on.
+			// Try again soon; the deadline ends the lock if this goes on,
+			// and its loss gets the one Warn line.
 			h.nextRefresh = now.Add(checkEvery(h.ttl))
-			backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(now), Err: err})
+			backend.ReportRetried(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: time.Since(now), Err: err})
 		}
 	case !now.Before(h.nextCheck):
 		if err := h.oursLocked(); errors.Is(err, errNotOurs) {
