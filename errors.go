@@ -33,6 +33,22 @@ var (
 	ErrMaxHold = fmt.Errorf("%w: held for its WithMaxHold", ErrLockLost)
 )
 
+// Why a lock was lost. A backend's loss error wraps the one that says why
+// (and ErrLockLost through it), so that a caller, and an observer's
+// metrics (see ReasonOf), tell a lease that ran out from an operator's
+// lock break, or WithMaxHold doing its job (ErrMaxHold), or the factory's
+// Close (ErrClosed).
+var (
+	// ErrLeaseExpired: the lease ran out before a renewal was confirmed:
+	// the store was slow or out of reach, or the holder's process paused.
+	ErrLeaseExpired = fmt.Errorf("%w: lease expired", ErrLockLost)
+	// ErrSessionEnded: the connection or session the lock lived on ended.
+	ErrSessionEnded = fmt.Errorf("%w: session ended", ErrLockLost)
+	// ErrRemoved: the store no longer has the lock as this holder's: freed
+	// by lock break or by hand, taken over, or lost in a failover.
+	ErrRemoved = fmt.Errorf("%w: removed from the store", ErrLockLost)
+)
+
 // WaitError is returned when an Acquire with WithWait gives up because its
 // context ended while the name was held: while queued, or during an
 // attempt or before the first one (a context already done) if the backend

@@ -244,3 +244,20 @@ func TestWithObserverAdds(t *testing.T) {
 		t.Fatalf("observers saw %q; want %q", got, want)
 	}
 }
+
+func TestReasonOf(t *testing.T) {
+	for err, want := range map[error]lock.Reason{
+		nil:             "",
+		lock.ErrLocked:  "",
+		errToyLost:      lock.ReasonOther,
+		lock.ErrMaxHold: lock.ReasonMaxHold,
+		fmt.Errorf("toy: %w: %w", lock.ErrLockLost, lock.ErrClosed): lock.ReasonClosed,
+		fmt.Errorf("toy: %w: renewal failed", lock.ErrLeaseExpired): lock.ReasonExpired,
+		fmt.Errorf("toy: %w: reset", lock.ErrSessionEnded):          lock.ReasonSession,
+		fmt.Errorf("toy: %w: broken", lock.ErrRemoved):              lock.ReasonRemoved,
+	} {
+		if got := lock.ReasonOf(err); got != want {
+			t.Errorf("ReasonOf(%v) = %q, want %q", err, got, want)
+		}
+	}
+}

@@ -31,6 +31,39 @@ const (
 	OutcomeError    Outcome = "error"    // the backend failed
 )
 
+// Reason says why a lock was lost: the Reason of an OpLost event. The set
+// is closed, so it is safe as a metric label.
+type Reason string
+
+// The reasons.
+const (
+	ReasonExpired Reason = "expired"  // ErrLeaseExpired
+	ReasonSession Reason = "session"  // ErrSessionEnded
+	ReasonRemoved Reason = "removed"  // ErrRemoved: lock break, a delete by hand, a failover
+	ReasonMaxHold Reason = "max_hold" // ErrMaxHold: WithMaxHold at work, not a fault
+	ReasonClosed  Reason = "closed"   // ErrClosed: the factory's Close, asked for
+	ReasonOther   Reason = "other"    // a loss that says no more (a test's forced loss)
+)
+
+// ReasonOf classifies a loss error; "" if err is no loss.
+func ReasonOf(err error) Reason {
+	switch {
+	case !errors.Is(err, ErrLockLost):
+		return ""
+	case errors.Is(err, ErrMaxHold):
+		return ReasonMaxHold
+	case errors.Is(err, ErrClosed):
+		return ReasonClosed
+	case errors.Is(err, ErrLeaseExpired):
+		return ReasonExpired
+	case errors.Is(err, ErrSessionEnded):
+		return ReasonSession
+	case errors.Is(err, ErrRemoved):
+		return ReasonRemoved
+	}
+	return ReasonOther
+}
+
 // OutcomeOf classifies err.
 func OutcomeOf(err error) Outcome {
 	switch {
@@ -83,6 +116,7 @@ type Event struct {
 	Latency time.Duration // the whole operation, waiting included
 	Wait    time.Duration // time spent waiting for another holder (WithWait)
 	Held    time.Duration // for release and lost: how long the lock was held
+	Reason  Reason        // for lost: why (see ReasonOf)
 	Err     error
 }
 

@@ -44,6 +44,9 @@ func report(ctx context.Context, o *lock.Options, e lock.Event, warn bool) {
 	if e.Outcome == "" {
 		e.Outcome = lock.OutcomeOf(e.Err)
 	}
+	if e.Op == lock.OpLost && e.Reason == "" {
+		e.Reason = lock.ReasonOf(e.Err)
+	}
 	if o.Observer != nil {
 		o.Observer.Observe(ctx, e)
 	}
@@ -69,6 +72,9 @@ func report(ctx context.Context, o *lock.Options, e lock.Event, warn bool) {
 	}
 	if e.Held != 0 {
 		attrs = append(attrs, slog.Duration("held", e.Held))
+	}
+	if e.Reason != "" {
+		attrs = append(attrs, slog.String("reason", string(e.Reason)))
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.Any("err", e.Err))

@@ -8,6 +8,7 @@
 package otellock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -30,17 +31,20 @@ const (
 	BackendKey   = attribute.Key("lock.backend")
 	OperationKey = attribute.Key("lock.operation")
 	OutcomeKey   = attribute.Key("lock.outcome")
-	TokenKey     = attribute.Key("lock.token") // spans only
-	NameKey      = attribute.Key("lock.name")  // spans only, with WithNameAttribute
+	TokenKey     = attribute.Key("lock.token")  // spans only
+	NameKey      = attribute.Key("lock.name")   // spans only, with WithNameAttribute
+	ReasonKey    = attribute.Key("lock.reason") // lock.lost: why (lock.ReasonOf)
+	ClassKey     = attribute.Key("lock.class")  // held locks' instruments, with WithClass
 )
 
 // An Option configures New.
 type Option func(*config)
 
 type config struct {
-	mp   metric.MeterProvider
-	tp   trace.TracerProvider
-	name bool
+	mp    metric.MeterProvider
+	tp    trace.TracerProvider
+	name  bool
+	class func(name string) string
 }
 
 // WithMeterProvider sets the meter provider; otel.GetMeterProvider() by default.
@@ -53,11 +57,21 @@ func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config)
 // default: names can carry tenant or job ids.
 func WithNameAttribute() Option { return func(c *config) { c.name = true } }
 
+// WithClass puts lock.class, class(name), on the instruments that follow
+// held locks (lock.held, lock.hold.duration, lock.lost), so that a
+// leader's lock or gocronlock's kept job lock, held for hours on purpose,
+// is told from a stuck job's on the same backend. class must map names to
+// a few values (a name's prefix, say): never return the name.
+func WithClass(class func(name string) string) Option {
+	return func(c *config) { c.class = class }
+}
+
 // Observer is a lock.Observer that records metrics and spans. It is safe
 // for concurrent use; share one between factories.
 type Observer struct {
 	tracer                 trace.Tracer
 	name                   bool
+	class                  func(name string) string // nil: no lock.class
 	ops, lost              metric.Int64Counter
 	held                   metric.Int64UpDownCounter
 	acquire, wait, holding metric.Float64Histogram
@@ -65,13 +79,16 @@ type Observer struct {
 	sets sync.Map // setKey -> attribute.Set, built once per combination
 
 	mu      sync.Mutex
-	holders map[holderKey]int // acquired and neither released nor lost yet
+	holders map[holderKey]int  // acquired and neither released nor lost yet
+	early   map[holderKey]bool // lost before their Acquire's event came
 }
 
 type setKey struct {
 	backend string
 	op      lock.Op
 	outcome lock.Outcome
+	class   string
+	reason  lock.Reason
 }
 
 type holderKey struct {
@@ -93,7 +110,7 @@ func New(opts ...Option) *Observer {
 		c.tp = otel.GetTracerProvider()
 	}
 	m := c.mp.Meter(ScopeName)
-	o := &Observer{tracer: c.tp.Tracer(ScopeName), name: c.name, holders: map[holderKey]int{}}
+	o := &Observer{tracer: c.tp.Tracer(ScopeName), name: c.name, class: c.class, holders: map[holderKey]int{}, early: map[holderKey]bool{}}
 	var errs [6]error
 	o.ops, errs[0] = m.Int64Counter("lock.operations", metric.WithUnit("{operation}"),
 		metric.WithDescription("Lock operations (acquire, release, extend, lost) by outcome."))
@@ -120,17 +137,18 @@ func New(opts ...Option) *Observer {
 
 // Observe records e. It implements lock.Observer.
 func (o *Observer) Observe(ctx context.Context, e lock.Event) {
-	all := metric.WithAttributeSet(o.set(e.Backend, e.Op, e.Outcome))
-	byBackend := metric.WithAttributeSet(o.set(e.Backend, "", ""))
+	all := metric.WithAttributeSet(o.set(setKey{backend: e.Backend, op: e.Op, outcome: e.Outcome}))
+	class := ""
+	if o.class != nil {
+		class = o.class(e.Name)
+	}
+	byBackend := metric.WithAttributeSet(o.set(setKey{backend: e.Backend, class: class}))
 	o.ops.Add(ctx, 1, all)
 	k := holderKey{e.Backend, e.Name, e.Token}
 	switch e.Op {
 	case lock.OpAcquire:
 		o.acquire.Record(ctx, e.Latency.Seconds(), all)
-		if e.Outcome == lock.OutcomeOK {
-			o.mu.Lock()
-			o.holders[k]++
-			o.mu.Unlock()
+		if e.Outcome == lock.OutcomeOK && o.acquired(k) {
 			o.held.Add(ctx, 1, byBackend)
 		}
 		if e.Wait > 0 {
@@ -139,13 +157,28 @@ func (o *Observer) Observe(ctx context.Context, e lock.Event) {
 		}
 	case lock.OpRelease, lock.OpLost:
 		if e.Op == lock.OpLost && !errors.Is(e.Err, lock.ErrClosed) {
-			o.lost.Add(ctx, 1, byBackend)
+			why := cmp.Or(e.Reason, lock.ReasonOf(e.Err))
+			o.lost.Add(ctx, 1, metric.WithAttributeSet(o.set(setKey{backend: e.Backend, class: class, reason: why})))
 		}
-		if o.ended(k) {
+		if o.ended(k, e.Op) {
 			o.held.Add(ctx, -1, byBackend)
-			o.holding.Record(ctx, e.Held.Seconds(), all)
+			o.holding.Record(ctx, e.Held.Seconds(), metric.WithAttributeSet(o.set(setKey{backend: e.Backend, op: e.Op, outcome: e.Outcome, class: class})))
 		}
 	}
+}
+
+// acquired records a lock taken, and reports whether it is held: not if
+// its loss was reported first (a WithMaxHold or a loss that fired before
+// the Acquire's own event).
+func (o *Observer) acquired(k holderKey) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.early[k] {
+		delete(o.early, k)
+		return false
+	}
+	o.holders[k]++
+	return true
 }
 
 // ended reports whether k was held and forgets it. A holder ends once,
@@ -153,11 +186,20 @@ func (o *Observer) Observe(ctx context.Context, e lock.Event) {
 // release, but redislock reports a release whose call failed and then the
 // loss or the retried release, and memlock reports the release of a permit
 // granted to a waiter that had given up, whose acquire failed.
-func (o *Observer) ended(k holderKey) bool {
+func (o *Observer) ended(k holderKey, op lock.Op) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := o.holders[k]
 	switch {
+	case n == 0 && op == lock.OpLost:
+		// Perhaps ahead of its Acquire's event (see acquired). Kept few:
+		// an entry left by a loss reported after a failed release is
+		// dropped with the rest when they pile up.
+		if len(o.early) >= 1024 {
+			clear(o.early)
+		}
+		o.early[k] = true
+		return false
 	case n == 0:
 		return false
 	case n == 1:
@@ -169,15 +211,20 @@ func (o *Observer) ended(k holderKey) bool {
 }
 
 // set returns the attribute set of one combination, built on first use:
-// all three values come from small closed sets.
-func (o *Observer) set(backend string, op lock.Op, outcome lock.Outcome) attribute.Set {
-	k := setKey{backend, op, outcome}
+// every value comes from a small closed set.
+func (o *Observer) set(k setKey) attribute.Set {
 	if s, ok := o.sets.Load(k); ok {
 		return s.(attribute.Set)
 	}
-	kv := []attribute.KeyValue{BackendKey.String(backend)}
-	if op != "" {
-		kv = append(kv, OperationKey.String(string(op)), OutcomeKey.String(string(outcome)))
+	kv := []attribute.KeyValue{BackendKey.String(k.backend)}
+	if k.op != "" {
+		kv = append(kv, OperationKey.String(string(k.op)), OutcomeKey.String(string(k.outcome)))
+	}
+	if o.class != nil {
+		kv = append(kv, ClassKey.String(k.class))
+	}
+	if k.reason != "" {
+		kv = append(kv, ReasonKey.String(string(k.reason)))
 	}
 	s, _ := o.sets.LoadOrStore(k, attribute.NewSet(kv...))
 	return s.(attribute.Set)

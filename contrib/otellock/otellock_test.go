@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,12 +77,17 @@ func (h *harness) collect(name string) map[string]point {
 
 func key(s attribute.Set) string {
 	k, _ := s.Value(otellock.BackendKey)
-	op, ok := s.Value(otellock.OperationKey)
-	if !ok {
-		return k.AsString()
+	out := k.AsString()
+	if op, ok := s.Value(otellock.OperationKey); ok {
+		oc, _ := s.Value(otellock.OutcomeKey)
+		out += "/" + op.AsString() + "/" + oc.AsString()
 	}
-	oc, _ := s.Value(otellock.OutcomeKey)
-	return k.AsString() + "/" + op.AsString() + "/" + oc.AsString()
+	for _, extra := range []attribute.Key{otellock.ClassKey, otellock.ReasonKey} {
+		if v, ok := s.Value(extra); ok {
+			out += " " + string(extra) + "=" + v.AsString()
+		}
+	}
+	return out
 }
 
 // want compares a metric's points with want exactly.
@@ -163,7 +169,7 @@ func TestMetrics(t *testing.T) {
 		"memlock/lost/lost":      {Value: 1},
 	})
 	h.want("lock.held", map[string]point{"memlock": {Value: 0}})
-	h.want("lock.lost", map[string]point{"memlock": {Value: 1}})
+	h.want("lock.lost", map[string]point{"memlock lock.reason=other": {Value: 1}})
 	// Held is measured on the factory's clock: 2 s, then 5 s.
 	h.want("lock.hold.duration", map[string]point{
 		"memlock/release/ok": {Count: 1, Sum: 2},
@@ -288,4 +294,28 @@ func TestSpans(t *testing.T) {
 			}
 		})
 	}
+}
+
+// WithClass puts lock.class on held locks' instruments; a loss says why.
+func TestClassAndReason(t *testing.T) {
+	h := newHarness(t, otellock.WithClass(func(name string) string {
+		if strings.HasPrefix(name, "leader/") {
+			return "long-lived"
+		}
+		return "job"
+	}))
+	f := memlock.NewFactory(memlock.WithObserver(h.obs))
+	defer f.Close()
+	ctx := context.Background()
+	if _, err := f.Acquire(ctx, "leader/api"); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := f.Acquire(ctx, "export", memlock.WithMaxHold(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ex.Done() // closed before the loss is reported
+	testenv.Eventually(t, 10*time.Second, "the loss reported", func() bool { return len(h.collect("lock.lost")) > 0 })
+	h.want("lock.held", map[string]point{"memlock lock.class=job": {Value: 0}, "memlock lock.class=long-lived": {Value: 1}})
+	h.want("lock.lost", map[string]point{"memlock lock.class=job lock.reason=max_hold": {Value: 1}})
 }

@@ -142,9 +142,9 @@ func TestMetrics(t *testing.T) {
 # HELP lock_held Locks (or semaphore permits) held now.
 # TYPE lock_held gauge
 lock_held{backend="memlock"} 0
-# HELP lock_lost_total Locks lost while held (lease run out, session ended, taken over), except to the factory's Close.
+# HELP lock_lost_total Locks lost while held, by why (expired, session, removed, max_hold, other), except to the factory's Close.
 # TYPE lock_lost_total counter
-lock_lost_total{backend="memlock"} 1
+lock_lost_total{backend="memlock",reason="other"} 1
 # HELP lock_operations_total Lock operations (acquire, release, extend, lost) by outcome.
 # TYPE lock_operations_total counter
 lock_operations_total{backend="memlock",op="acquire",outcome="locked"} 2
@@ -216,7 +216,7 @@ func TestEndReportedTwice(t *testing.T) {
 	acquired, released, lost := e, e, e
 	acquired.Op, acquired.Outcome = lock.OpAcquire, lock.OutcomeOK
 	released.Op, released.Outcome, released.Held = lock.OpRelease, lock.OutcomeError, time.Second
-	lost.Op, lost.Outcome, lost.Held = lock.OpLost, lock.OutcomeLost, 2*time.Second
+	lost.Op, lost.Outcome, lost.Held, lost.Err = lock.OpLost, lock.OutcomeLost, 2*time.Second, fmt.Errorf("redislock: %w: renewal failed", lock.ErrLeaseExpired)
 	for _, e := range []lock.Event{acquired, released, lost} {
 		obs.Observe(ctx, e)
 	}
@@ -224,9 +224,9 @@ func TestEndReportedTwice(t *testing.T) {
 	checkHistogram(t, reg, 1, 1, "lock_hold_duration_seconds", "redislock", "error")
 	checkHistogram(t, reg, 0, 0, "lock_hold_duration_seconds", "redislock", "lost")
 	want := `
-# HELP lock_lost_total Locks lost while held (lease run out, session ended, taken over), except to the factory's Close.
+# HELP lock_lost_total Locks lost while held, by why (expired, session, removed, max_hold, other), except to the factory's Close.
 # TYPE lock_lost_total counter
-lock_lost_total{backend="redislock"} 1
+lock_lost_total{backend="redislock",reason="expired"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "lock_lost_total"); err != nil {
 		t.Error(err)
@@ -279,5 +279,47 @@ func TestNamespace(t *testing.T) {
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %+v", err, problems)
+	}
+}
+
+// WithClass labels the series of held locks, so that a leader's lock held
+// for hours is told from a stuck job's; lost locks say why.
+func TestClassAndReason(t *testing.T) {
+	obs := promlock.New(promlock.WithClass(func(name string) string {
+		if strings.HasPrefix(name, "leader/") {
+			return "long-lived"
+		}
+		return "job"
+	}))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(obs)
+	f := memlock.NewFactory(memlock.WithObserver(obs))
+	defer f.Close()
+	ctx := context.Background()
+	if _, err := f.Acquire(ctx, "leader/api"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Acquire(ctx, "export", memlock.WithMaxHold(time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP lock_held Locks (or semaphore permits) held now.
+# TYPE lock_held gauge
+lock_held{backend="memlock",class="job"} 0
+lock_held{backend="memlock",class="long-lived"} 1
+# HELP lock_lost_total Locks lost while held, by why (expired, session, removed, max_hold, other), except to the factory's Close.
+# TYPE lock_lost_total counter
+lock_lost_total{backend="memlock",class="job",reason="max_hold"} 1
+`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := testutil.GatherAndCompare(reg, strings.NewReader(want), "lock_held", "lock_lost_total")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the max hold's timer
 	}
 }
