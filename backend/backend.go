@@ -88,7 +88,7 @@ func (s *State) Bound(o *lock.Options, lost error, after func(d time.Duration, f
 	if after == nil {
 		after = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
-	err := &maxHoldError{lost: lost, d: d}
+	err := Loss(lost, lock.ErrMaxHold, "held for %v, its WithMaxHold", d)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.ended {
@@ -96,16 +96,21 @@ func (s *State) Bound(o *lock.Options, lost error, after func(d time.Duration, f
 	}
 }
 
-// maxHoldError is the loss of a holder that reached its WithMaxHold.
-type maxHoldError struct {
-	lost error
-	d    time.Duration
+// Loss is a holder's loss error: it reads "<lost>: <detail>" and matches
+// lost (the backend's ErrLockLost) and why, the root's error that says
+// why (lock.ErrLeaseExpired, ErrSessionEnded, ErrRemoved, ErrMaxHold,
+// ErrClosed), which lock.ReasonOf reads.
+func Loss(lost, why error, format string, args ...any) error {
+	return &lossError{lost: lost, why: why, detail: fmt.Sprintf(format, args...)}
 }
 
-func (e *maxHoldError) Error() string {
-	return fmt.Sprintf("%v: held for %v, its WithMaxHold", e.lost, e.d)
+type lossError struct {
+	lost, why error
+	detail    string
 }
-func (e *maxHoldError) Unwrap() []error { return []error{e.lost, lock.ErrMaxHold} }
+
+func (e *lossError) Error() string   { return e.lost.Error() + ": " + e.detail }
+func (e *lossError) Unwrap() []error { return []error{e.lost, e.why} }
 
 // Ended reports whether the lock was released or lost.
 func (s *State) Ended() bool {

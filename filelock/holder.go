@@ -361,11 +361,11 @@ func (h *Holder) lose(err error) {
 }
 
 func (h *Holder) expired() error {
-	return fmt.Errorf("%w: not refreshed within the stale window (%v)", ErrLockLost, h.ttl)
+	return backend.Loss(ErrLockLost, lock.ErrLeaseExpired, "not refreshed within the stale window (%v)", h.ttl)
 }
 
 func (h *Holder) takenOver() error {
-	return fmt.Errorf("%w: marker %s was removed or taken over", ErrLockLost, h.path)
+	return backend.Loss(ErrLockLost, lock.ErrRemoved, "marker %s was removed or taken over", h.path)
 }
 
 // declare marks the lock lost and reports it; it needs no lock and does

@@ -165,7 +165,7 @@ func (f *Factory) verify() {
 	f.mu.Unlock()
 	for _, h := range held {
 		if !h.inPlace() {
-			h.lose(ErrLockLost)
+			h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "the lock file was removed or replaced"))
 		}
 	}
 	f.mu.Lock()

@@ -47,7 +47,7 @@ func ExampleManualClock() {
 	clock.Advance(5 * time.Minute)
 	<-h.Done()
 	fmt.Println(h.Err())
-	// Output: memlock: lock: lock lost
+	// Output: memlock: lock: lock lost: lease expired
 }
 
 // A test of a job's bound moves a ManualClock instead of waiting an hour.

@@ -66,7 +66,7 @@ func (h *Holder) Extend(ctx context.Context) error {
 func (h *Holder) expire() {
 	h.f.mu.Lock()
 	due := !h.expires.IsZero() && !h.f.clock.Now().Before(h.expires)
-	removed := due && h.f.removeLocked(h, ErrLockLost)
+	removed := due && h.f.removeLocked(h, backend.Loss(ErrLockLost, lock.ErrLeaseExpired, "lease expired"))
 	h.f.mu.Unlock()
 	if removed {
 		h.reportLost()

@@ -303,7 +303,7 @@ func (f *Factory) ForceLoss(name string) int {
 			lost = append(lost, h)
 		}
 		for _, h := range lost {
-			f.removeLocked(h, ErrLockLost)
+			f.removeLocked(h, backend.Loss(ErrLockLost, lock.ErrRemoved, "taken away (ForceLoss)"))
 		}
 	}
 	f.mu.Unlock()
