@@ -1,0 +1,455 @@
+package etcdlock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
+)
+
+// An attempt is one key of one Acquire, on one lease: written (without
+// WithWait, only if a permit is free), with WithWait queued until fewer
+// than limit of the keys it waits for are ahead of it, then admitted as a
+// holder. Its methods are its phases, in the order they run, all on the
+// Acquire's goroutine.
+type attempt struct {
+	f   *Factory
+	ctx context.Context
+	q   *queue
+	w   *watcher
+	s   *session
+
+	c       claim
+	val     string    // the key's value, a record
+	since   time.Time // when the attempt began: the holder's Since
+	rev     int64     // the key's create revision once written: the token
+	ws      *waitState
+	ahead   map[string]bool // the keys it waits for
+	base    int64           // deletions up to this revision are reflected in ahead
+	blocked time.Time       // when it began to wait, if it had to
+}
+
+// try puts the key in and returns the holder once it holds a permit.
+func (a *attempt) try() (*Holder, error) {
+	if err := a.f.settle(a.ctx, a.q.dir); err != nil {
+		return nil, err
+	}
+	a.c, a.since = a.f.claimKey(a.q.keys), time.Now()
+	val, _ := json.Marshal(record{Owner: a.q.opts.Owner, Process: a.f.process, Since: a.since, Metadata: a.q.opts.Metadata})
+	a.val = string(val)
+	var err error
+	switch {
+	case a.q.wait:
+		a.ws = a.w.addWaiter(a.q.slots) // before the write: no deletion after it is missed
+		defer a.w.removeWaiter(a.q.slots, a.ws)
+		if err = a.enqueue(); err == nil {
+			err = a.await()
+		}
+	case a.q.shared:
+		err = a.tryShared()
+	default:
+		err = a.tryFree()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a.admit()
+}
+
+// write runs one transaction that puts the key if cmps hold, and in
+// every case checks that the key's name is not still taken by a key of
+// this factory that could not be deleted (a lost lock of a dead lease):
+// then it takes the next name and runs again. Unless absent says that
+// cmps imply it, the key's absence is compared too. The key's own read
+// comes after els's responses.
+func (a *attempt) write(absent bool, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	for {
+		a.w.track(a.c)
+		if !absent {
+			cmps = append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.c.key), "=", 0)}, cmps[:len(cmps):len(cmps)]...)
+		}
+		then := append([]clientv3.Op{clientv3.OpPut(a.c.key, a.val, clientv3.WithLease(a.s.id))}, then...)
+		els := append(els[:len(els):len(els)], clientv3.OpGet(a.c.key, clientv3.WithKeysOnly()))
+		resp, err := a.f.commit(a.ctx, a.s, a.q.dir, a.c, cmps, then, els)
+		switch {
+		case rejected(err):
+			return nil, a.unwritten(err)
+		case err != nil:
+			a.w.untrack(a.c) // the claim stays with the cleanup
+			return nil, fmt.Errorf("etcdlock: acquire: %w", err)
+		case resp.Succeeded:
+			a.rev = resp.Header.Revision
+			return resp, nil
+		case len(resp.Responses[len(els)-1].GetResponseRange().Kvs) == 0:
+			return resp, nil
+		}
+		// Left over: skip the name, and check that the next one is absent.
+		a.w.untrack(a.c)
+		a.c = a.f.claimKey(a.q.keys)
+		if absent {
+			absent = false
+		} else {
+			cmps = cmps[1:]
+		}
+	}
+}
+
+// tryShared writes a shared key only if no exclusive key is there,
+// holding or waiting (writer preference), nor a key of another limit.
+func (a *attempt) tryShared() error {
+	others, reads := a.q.otherLimits()
+	exclusive := clientv3.Compare(clientv3.CreateRevision(a.q.slots).WithRange(a.q.slots+sharedMark), "=", 0)
+	resp, err := a.write(false, append([]clientv3.Cmp{exclusive}, others...), nil, reads)
+	if err != nil || resp.Succeeded {
+		return err
+	}
+	if err := a.q.mismatched(resp); err != nil {
+		return a.unwritten(err)
+	}
+	return a.unwritten(ErrLocked)
+}
+
+// tryFree writes the key only if the name is free, or every key seen is
+// still there and a permit was free: then the new key is among the first
+// limit. It writes nothing when the name is taken. Either condition also
+// says that the key is absent (it was, when the keys were seen).
+func (a *attempt) tryFree() error {
+	cond := clientv3.Compare(clientv3.CreateRevision(a.q.dir).WithPrefix(), "=", 0)
+	first := clientv3.OpGet(a.q.dir, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	for {
+		resp, err := a.write(true, []clientv3.Cmp{cond}, nil, []clientv3.Op{first})
+		if err != nil || resp.Succeeded {
+			return err
+		}
+		rr := resp.Responses[0].GetResponseRange()
+		if rr.Count > 0 {
+			if n, _ := limitOf(a.q.dir, string(rr.Kvs[0].Key)); n != a.q.limit {
+				return a.unwritten(a.q.mismatch(n))
+			}
+			if rr.Count >= int64(a.q.limit) {
+				return a.unwritten(ErrLocked)
+			}
+		}
+		if err := a.ctx.Err(); err != nil {
+			return a.unwritten(err)
+		}
+		cond = clientv3.Compare(clientv3.ModRevision(a.q.dir).WithPrefix(), "<", resp.Header.Revision+1)
+	}
+}
+
+// enqueue writes the key unless keys of another limit are there, and
+// reads the keys ahead of it in the same transaction.
+func (a *attempt) enqueue() error {
+	others, reads := a.q.otherLimits()
+	all := clientv3.OpGet(a.q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	for {
+		resp, err := a.write(false, others, []clientv3.Op{all}, reads)
+		switch {
+		case err != nil:
+			return err
+		case resp.Succeeded:
+			a.base = a.rev
+			a.readAhead(resp.Responses[1].GetResponseRange().Kvs)
+			return nil
+		}
+		if err := a.q.mismatched(resp); err != nil {
+			return a.unwritten(err)
+		}
+		if err := a.ctx.Err(); err != nil {
+			return a.unwritten(err)
+		}
+	}
+}
+
+// readAhead sets ahead to the keys of kvs created before the key that it
+// waits for, and reports whether the key itself is among kvs.
+func (a *attempt) readAhead(kvs []*mvccpb.KeyValue) (mine bool) {
+	a.ahead = map[string]bool{}
+	for _, kv := range kvs {
+		switch key := string(kv.Key); {
+		case key == a.c.key && kv.CreateRevision == a.rev:
+			mine = true
+		case kv.CreateRevision < a.rev && a.q.waitsFor(key):
+			a.ahead[key] = true
+		}
+	}
+	return mine
+}
+
+// await waits until fewer than limit keys it waits for are ahead: each
+// deletion the watch reports takes one off, with no request.
+func (a *attempt) await() error {
+	if len(a.ahead) < a.q.limit {
+		return nil
+	}
+	a.blocked = time.Now()
+	if !a.q.renew {
+		defer a.s.renewWhile()() // a lease that only Extend renews must live through the wait
+	}
+	for len(a.ahead) >= a.q.limit {
+		select {
+		case <-a.ws.ch:
+		case <-a.ctx.Done():
+			// Held as far as the watch told; whether etcd still answers,
+			// the probe says (see backend.Take).
+			return a.withdraw(a.ctx.Err())
+		case <-a.f.ctx.Done():
+			return a.withdraw(lock.ErrClosed)
+		}
+		evs, resync := a.ws.drain()
+		if resync {
+			if err := a.reread(); err != nil {
+				return err
+			}
+		}
+		for _, ev := range evs {
+			switch {
+			case ev.rev <= a.base:
+			case ev.key == a.c.key:
+				return a.unwritten(errRequeue)
+			default:
+				delete(a.ahead, ev.key)
+			}
+		}
+	}
+	return nil
+}
+
+// reread reads the queue again once the watch was set up again: the
+// deletions in between may have been missed.
+func (a *attempt) reread() error {
+	g, err := a.f.cli.Get(a.ctx, a.q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		if a.ctx.Err() != nil && errors.Is(err, a.ctx.Err()) {
+			return a.withdraw(a.ctx.Err()) // the probe decides
+		}
+		return a.withdraw(fmt.Errorf("etcdlock: acquire: %w", err)) // a failure, not contention
+	}
+	a.base = g.Header.Revision
+	if !a.readAhead(g.Kvs) {
+		return a.unwritten(errRequeue)
+	}
+	return nil
+}
+
+// admit turns the key into a holder, registered with its lease (renewal
+// and loss) and the watch (loss), WithMaxHold armed; unless the key went
+// while it was written.
+func (a *attempt) admit() (*Holder, error) {
+	h := &Holder{
+		f: a.f, w: a.w, s: a.s, name: a.q.name, key: a.c.key, claim: a.c, token: uint64(a.rev), opts: a.q.opts,
+		state: backend.NewState(), ctx: context.WithoutCancel(a.ctx), since: a.since,
+	}
+	a.f.refWatch(a.w)
+	a.f.refSession(a.s)
+	if !a.s.addHolder(h) {
+		// The lease was declared lost while the key went in.
+		h.detach()
+		return nil, a.withdraw(errRequeue)
+	}
+	for {
+		switch a.w.hold(a.c, h) {
+		case held:
+			h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
+			return h, nil
+		case unverified:
+			if a.verify() {
+				continue
+			}
+		}
+		// Deleted already (operator, lease ended), or cannot tell: this
+		// lock was never safe to use.
+		a.s.removeHolder(h)
+		h.detach()
+		return nil, a.withdraw(errRequeue)
+	}
+}
+
+// verify reads the key back, written while the watch was set up again.
+func (a *attempt) verify() bool {
+	gen := a.w.generation()
+	ctx, cancel := backend.ReleaseContext(a.ctx)
+	defer cancel()
+	resp, err := a.f.cli.Get(ctx, a.c.key, clientv3.WithKeysOnly())
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != a.rev {
+		return false
+	}
+	a.w.verified(a.c, gen)
+	return true
+}
+
+// unwritten ends an attempt with err whose key is not there: never
+// written, or gone before it was admitted.
+func (a *attempt) unwritten(err error) error {
+	a.w.untrack(a.c)
+	a.f.unclaim(a.c)
+	if rejected(err) {
+		// Revoked behind our back: its locks are lost (the watch tells
+		// their holders); take a new lease.
+		a.s.die(false)
+		err = errRequeue
+	}
+	return err
+}
+
+// withdraw ends an attempt with err whose key was written: the key is
+// deleted before it returns, so that a permit it may just have been
+// handed passes on at once.
+func (a *attempt) withdraw(err error) error {
+	a.w.untrack(a.c)
+	a.f.remove(a.s, a.c, a.rev)
+	return err
+}
+
+// commit runs one transaction that may write the key of c, under dir. The
+// write runs on a context of its own, so that its outcome is known even if
+// ctx ends first: the caller then gets ctx's error at once. When the key was
+// written for nobody, or may have been, it is deleted in the background, as
+// a cleanup of dir, so that a caller retrying on short deadlines waits for
+// it (settle) instead of piling up writes.
+func (f *Factory) commit(ctx context.Context, s *session, dir string, c claim, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	run := func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	}
+	if ctx.Done() == nil {
+		resp, err := run(ctx)
+		if err != nil && !rejected(err) {
+			f.pend(dir)
+			if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, 0) }) {
+				f.unpend(dir)
+			}
+		}
+		return resp, err
+	}
+	type result struct {
+		resp *clientv3.TxnResponse
+		err  error
+	}
+	var (
+		mu   sync.Mutex
+		left bool
+		ch   = make(chan result, 1)
+	)
+	if !f.spawn(func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		resp, err := run(dctx)
+		cancel()
+		unknown := err != nil && !rejected(err)
+		mu.Lock()
+		gone := left // then the caller made it a cleanup
+		if !gone {
+			if unknown {
+				f.pend(dir) // before the caller can try again
+			}
+			ch <- result{resp, err} // buffered; under mu so the caller cannot leave in between
+		}
+		mu.Unlock()
+		if gone || unknown {
+			defer f.unpend(dir)
+		}
+		switch {
+		case err != nil && !rejected(err):
+			f.remove(s, c, 0)
+		case !gone: // the caller has the outcome
+		case err != nil:
+			f.unclaim(c)
+		case resp.Succeeded:
+			f.remove(s, c, resp.Header.Revision)
+		default:
+			f.unclaim(c)
+		}
+	}) {
+		return nil, lock.ErrClosed
+	}
+	select {
+	case r := <-ch:
+		return r.resp, r.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-ch:
+		return r.resp, r.err
+	default:
+		left = true
+		f.pend(dir)
+		return nil, ctx.Err()
+	}
+}
+
+// pend and unpend count a cleanup of dir.
+func (f *Factory) pend(dir string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cl := f.cleanups[dir]
+	if cl == nil {
+		cl = &cleanup{done: make(chan struct{})}
+		f.cleanups[dir] = cl
+	}
+	cl.n++
+}
+
+func (f *Factory) unpend(dir string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cl := f.cleanups[dir]
+	if cl.n--; cl.n == 0 {
+		delete(f.cleanups, dir)
+		close(cl.done)
+	}
+}
+
+// settle waits until no key of dir is being cleaned up: a caller whose
+// write outlived its deadline leaves at most one key per name behind, not
+// one per retry, and the key is gone before the factory writes the next.
+func (f *Factory) settle(ctx context.Context, dir string) error {
+	for {
+		f.mu.Lock()
+		cl := f.cleanups[dir]
+		f.mu.Unlock()
+		if cl == nil {
+			return nil
+		}
+		select {
+		case <-cl.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.ctx.Done():
+			return lock.ErrClosed
+		}
+	}
+}
+
+// rejected reports whether err means the transaction was refused, so that
+// nothing was written.
+func rejected(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
+
+// remove deletes the key of c if it is still the one created at rev, and
+// drops the claim. rev 0 means the outcome of the write is unknown: the key
+// is deleted whatever its revision, and again while the session lives, in
+// case the write is applied late. On failure the session retries.
+func (f *Factory) remove(s *session, c claim, rev int64) {
+	ctx, cancel := backend.ReleaseContext(context.Background())
+	defer cancel()
+	var err error
+	if rev == 0 {
+		_, err = f.cli.Delete(ctx, c.key)
+	} else {
+		_, err = f.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(c.key), "=", rev)).Then(clientv3.OpDelete(c.key)).Commit()
+	}
+	if err != nil || rev == 0 {
+		s.addOrphan(c, rev)
+		return
+	}
+	f.unclaim(c)
+}
