@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -79,7 +78,7 @@ func (a *attempt) write(absent bool, cmps []clientv3.Cmp, then, els []clientv3.O
 		}
 		then := append([]clientv3.Op{clientv3.OpPut(a.c.key, a.val, clientv3.WithLease(a.s.id))}, then...)
 		els := append(els[:len(els):len(els)], clientv3.OpGet(a.c.key, clientv3.WithKeysOnly()))
-		resp, err := a.f.commit(a.ctx, a.s, a.q.dir, a.c, cmps, then, els)
+		resp, err := a.commit(cmps, then, els)
 		switch {
 		case rejected(err):
 			return nil, a.unwritten(err)
@@ -310,81 +309,69 @@ func (a *attempt) withdraw(err error) error {
 	return err
 }
 
-// commit runs one transaction that may write the key of c, under dir. The
-// write runs on a context of its own, so that its outcome is known even if
-// ctx ends first: the caller then gets ctx's error at once. When the key was
-// written for nobody, or may have been, it is deleted in the background, as
-// a cleanup of dir, so that a caller retrying on short deadlines waits for
-// it (settle) instead of piling up writes.
-func (f *Factory) commit(ctx context.Context, s *session, dir string, c claim, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	run := func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
-	}
-	if ctx.Done() == nil {
-		resp, err := run(ctx)
-		if err != nil && !rejected(err) {
-			f.pend(dir)
-			if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, 0) }) {
-				f.unpend(dir)
-			}
-		}
-		return resp, err
-	}
-	type result struct {
-		resp *clientv3.TxnResponse
-		err  error
-	}
-	var (
-		mu   sync.Mutex
-		left bool
-		ch   = make(chan result, 1)
-	)
-	if !f.spawn(func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		resp, err := run(dctx)
-		cancel()
-		unknown := err != nil && !rejected(err)
-		mu.Lock()
-		gone := left // then the caller made it a cleanup
-		if !gone {
-			if unknown {
-				f.pend(dir) // before the caller can try again
-			}
-			ch <- result{resp, err} // buffered; under mu so the caller cannot leave in between
-		}
-		mu.Unlock()
-		if gone || unknown {
-			defer f.unpend(dir)
-		}
-		switch {
-		case err != nil && !rejected(err):
-			f.remove(s, c, 0)
-		case !gone: // the caller has the outcome
-		case err != nil:
-			f.unclaim(c)
-		case resp.Succeeded:
-			f.remove(s, c, resp.Header.Revision)
-		default:
-			f.unclaim(c)
-		}
-	}) {
+// commit runs one transaction that may write the key. The write outlives
+// ctx (up to opTimeout) so that its outcome is known: the caller need not
+// wait for it, since backend.Take returns within Grace of ctx's end. From
+// ctx's end the write is a cleanup of the name, which the factory's next
+// attempt at it waits for (settle), so that callers retrying on short
+// deadlines leave one key, not one per retry; the key, if written for
+// nobody or maybe written (no answer), is then removed (abandon).
+func (a *attempt) commit(cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	if !a.f.enter() {
 		return nil, lock.ErrClosed
 	}
-	select {
-	case r := <-ch:
-		return r.resp, r.err
-	case <-ctx.Done():
+	defer a.f.wg.Done()
+	ctx := a.ctx
+	if ctx.Done() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		defer cancel()
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case r := <-ch:
-		return r.resp, r.err
+	pended := make(chan struct{})
+	stop := context.AfterFunc(a.ctx, func() { a.f.pend(a.q.dir); close(pended) })
+	resp, err := a.f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	left := !stop()
+	if left {
+		<-pended
+	}
+	switch {
+	case err != nil && !rejected(err):
+		if !left {
+			a.f.pend(a.q.dir)
+		}
+		a.abandon(0)
+	case !left:
+		return resp, err
+	case err == nil && resp.Succeeded:
+		a.abandon(resp.Header.Revision)
 	default:
-		left = true
-		f.pend(dir)
-		return nil, ctx.Err()
+		a.f.unclaim(a.c)
+		a.f.unpend(a.q.dir)
 	}
+	if left {
+		return nil, a.ctx.Err()
+	}
+	return resp, err
+}
+
+// abandon removes in the background the key of a write whose caller left,
+// or that got no answer (rev 0: whatever its revision, and again while
+// the lease lives, in case the write lands late); until then the name's
+// cleanup is pending.
+func (a *attempt) abandon(rev int64) {
+	f, s, c, dir := a.f, a.s, a.c, a.q.dir
+	if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, rev) }) {
+		f.unpend(dir)
+	}
+}
+
+// A cleanup counts the keys of a name whose caller moved on while their
+// write was in flight, or whose write got no answer: each is deleted in
+// the background once the write returns, and until all are, the factory
+// writes no new key for the name.
+type cleanup struct {
+	n    int
+	done chan struct{} // closed when n drops to 0
 }
 
 // pend and unpend count a cleanup of dir.

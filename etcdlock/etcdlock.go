@@ -65,14 +65,6 @@ type Factory struct {
 	cleanups map[string]*cleanup // by name directory; see settle
 }
 
-// A cleanup counts the keys of a name whose caller moved on while their
-// write was in flight: each is deleted in the background once the write
-// returns, and until all are, the factory writes no new key for the name.
-type cleanup struct {
-	n    int
-	done chan struct{} // closed when n drops to 0
-}
-
 // NewFactory returns a factory using cli, whose options are the defaults for
 // every call. An invalid option, or a nil client, is reported by the first
 // Acquire. The factory does not close cli.
@@ -332,17 +324,25 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 // spawn runs fn in a goroutine that Close waits for; it reports false, and
 // does not run fn, once the factory is closed.
 func (f *Factory) spawn(fn func()) bool {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
+	if !f.enter() {
 		return false
 	}
-	f.wg.Add(1)
-	f.mu.Unlock()
 	go func() {
 		defer f.wg.Done()
 		fn()
 	}()
+	return true
+}
+
+// enter counts work in f.wg, which Close waits for, unless the factory is
+// closed; the caller ends it with f.wg.Done.
+func (f *Factory) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.wg.Add(1)
 	return true
 }
 
