@@ -28,10 +28,10 @@ type attempt struct {
 	s   *session
 
 	c       claim
-	val     string    // the key's value, a record
-	since   time.Time // when the attempt began: the holder's Since
-	rev     int64     // the key's create revision once written: the token
-	ws      *waitState
+	val     string          // the key's value, a record
+	since   time.Time       // when the attempt began: the holder's Since
+	rev     int64           // the key's create revision once written: the token
+	sub     *waiter         // WithWait: the deletions under q.slots
 	ahead   map[string]bool // the keys it waits for
 	base    int64           // deletions up to this revision are reflected in ahead
 	blocked time.Time       // when it began to wait, if it had to
@@ -48,8 +48,8 @@ func (a *attempt) try() (*Holder, error) {
 	var err error
 	switch {
 	case a.q.wait:
-		a.ws = a.w.addWaiter(a.q.slots) // before the write: no deletion after it is missed
-		defer a.w.removeWaiter(a.q.slots, a.ws)
+		a.sub = a.w.subscribe(a.q.slots) // before the write: no deletion after it is missed
+		defer a.sub.Close()
 		if err = a.enqueue(); err == nil {
 			err = a.await()
 		}
@@ -196,7 +196,7 @@ func (a *attempt) await() error {
 	}
 	for len(a.ahead) >= a.q.limit {
 		select {
-		case <-a.ws.ch:
+		case <-a.sub.Wake():
 		case <-a.ctx.Done():
 			// Held as far as the watch told; whether etcd still answers,
 			// the probe says (see backend.Take).
@@ -204,19 +204,19 @@ func (a *attempt) await() error {
 		case <-a.f.ctx.Done():
 			return a.withdraw(lock.ErrClosed)
 		}
-		evs, resync := a.ws.drain()
+		dels, resync := a.sub.next()
 		if resync {
 			if err := a.reread(); err != nil {
 				return err
 			}
 		}
-		for _, ev := range evs {
+		for _, d := range dels {
 			switch {
-			case ev.rev <= a.base:
-			case ev.key == a.c.key:
+			case d.rev <= a.base:
+			case d.key == a.c.key:
 				return a.unwritten(errRequeue)
 			default:
-				delete(a.ahead, ev.key)
+				delete(a.ahead, d.key)
 			}
 		}
 	}
@@ -256,7 +256,7 @@ func (a *attempt) admit() (*Holder, error) {
 		return nil, a.withdraw(errRequeue)
 	}
 	for {
-		switch a.w.hold(a.c, h) {
+		switch a.w.admit(a.c, h) {
 		case held:
 			h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
 			return h, nil
