@@ -258,7 +258,7 @@ func (a *attempt) admit() (*Holder, error) {
 	for {
 		switch a.w.admit(a.c, h) {
 		case held:
-			h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
+			h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
 			return h, nil
 		case unverified:
 			if a.verify() {
@@ -420,23 +420,3 @@ func (f *Factory) settle(ctx context.Context, dir string) error {
 // rejected reports whether err means the transaction was refused, so that
 // nothing was written.
 func rejected(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
-
-// remove deletes the key of c if it is still the one created at rev, and
-// drops the claim. rev 0 means the outcome of the write is unknown: the key
-// is deleted whatever its revision, and again while the session lives, in
-// case the write is applied late. On failure the session retries.
-func (f *Factory) remove(s *session, c claim, rev int64) {
-	ctx, cancel := backend.ReleaseContext(context.Background())
-	defer cancel()
-	var err error
-	if rev == 0 {
-		_, err = f.cli.Delete(ctx, c.key)
-	} else {
-		_, err = f.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(c.key), "=", rev)).Then(clientv3.OpDelete(c.key)).Commit()
-	}
-	if err != nil || rev == 0 {
-		s.addOrphan(c, rev)
-		return
-	}
-	f.unclaim(c)
-}

@@ -356,12 +356,18 @@ func (w *watcher) track(c claim) {
 	w.mu.Unlock()
 }
 
-func (w *watcher) untrack(c claim) {
+// untrack stops following the key of c, which the watch then no longer
+// reports to anyone (our own deletions are no loss); it reports whether
+// the key was still followed.
+func (w *watcher) untrack(c claim) bool {
 	w.mu.Lock()
-	if e := w.keys[c.key]; e != nil && e.claim == c.id {
-		delete(w.keys, c.key)
+	defer w.mu.Unlock()
+	e := w.keys[c.key]
+	if e == nil || e.claim != c.id {
+		return false
 	}
-	w.mu.Unlock()
+	delete(w.keys, c.key)
+	return true
 }
 
 // admit records that the key of c is held by h, whose loss its deletion
