@@ -102,6 +102,58 @@ func (a *attempt) write(absent bool, cmps []clientv3.Cmp, then, els []clientv3.O
 	}
 }
 
+// commit runs one transaction that may write the key. The write outlives
+// ctx (up to opTimeout) so that its outcome is known: the caller need not
+// wait for it, since backend.Take returns within Grace of ctx's end. From
+// ctx's end the write is a cleanup of the name, which the factory's next
+// attempt at it waits for (settle), so that callers retrying on short
+// deadlines leave one key, not one per retry; the key, if written for
+// nobody or maybe written (no answer), is then removed (abandon).
+func (a *attempt) commit(cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	if !a.f.enter() {
+		return nil, lock.ErrClosed
+	}
+	defer a.f.wg.Done()
+	ctx := a.ctx
+	if ctx.Done() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		defer cancel()
+	}
+	pended := make(chan struct{})
+	stop := context.AfterFunc(a.ctx, func() { a.f.pend(a.q.dir); close(pended) })
+	resp, err := a.f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	if stop() { // the caller is still there
+		if err != nil && !rejected(err) {
+			a.f.pend(a.q.dir)
+			a.abandon(0)
+		}
+		return resp, err
+	}
+	<-pended // the caller may be gone: the key is the name's cleanup
+	switch {
+	case err != nil && !rejected(err):
+		a.abandon(0)
+	case err == nil && resp.Succeeded:
+		a.abandon(resp.Header.Revision)
+	default:
+		a.f.unclaim(a.c)
+		a.f.unpend(a.q.dir)
+	}
+	return nil, a.ctx.Err()
+}
+
+// abandon removes in the background the key of a write whose caller left,
+// or that got no answer (rev 0: whatever its revision, and again while
+// the lease lives, in case the write lands late); until then the name's
+// cleanup is pending.
+func (a *attempt) abandon(rev int64) {
+	f, s, c, dir := a.f, a.s, a.c, a.q.dir
+	if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, rev) }) {
+		f.unpend(dir)
+	}
+}
+
 // tryShared writes a shared key only if no exclusive key is there,
 // holding or waiting (writer preference), nor a key of another limit.
 func (a *attempt) tryShared() error {
@@ -307,62 +359,6 @@ func (a *attempt) withdraw(err error) error {
 	a.w.untrack(a.c)
 	a.f.remove(a.s, a.c, a.rev)
 	return err
-}
-
-// commit runs one transaction that may write the key. The write outlives
-// ctx (up to opTimeout) so that its outcome is known: the caller need not
-// wait for it, since backend.Take returns within Grace of ctx's end. From
-// ctx's end the write is a cleanup of the name, which the factory's next
-// attempt at it waits for (settle), so that callers retrying on short
-// deadlines leave one key, not one per retry; the key, if written for
-// nobody or maybe written (no answer), is then removed (abandon).
-func (a *attempt) commit(cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	if !a.f.enter() {
-		return nil, lock.ErrClosed
-	}
-	defer a.f.wg.Done()
-	ctx := a.ctx
-	if ctx.Done() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		defer cancel()
-	}
-	pended := make(chan struct{})
-	stop := context.AfterFunc(a.ctx, func() { a.f.pend(a.q.dir); close(pended) })
-	resp, err := a.f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
-	left := !stop()
-	if left {
-		<-pended
-	}
-	switch {
-	case err != nil && !rejected(err):
-		if !left {
-			a.f.pend(a.q.dir)
-		}
-		a.abandon(0)
-	case !left:
-		return resp, err
-	case err == nil && resp.Succeeded:
-		a.abandon(resp.Header.Revision)
-	default:
-		a.f.unclaim(a.c)
-		a.f.unpend(a.q.dir)
-	}
-	if left {
-		return nil, a.ctx.Err()
-	}
-	return resp, err
-}
-
-// abandon removes in the background the key of a write whose caller left,
-// or that got no answer (rev 0: whatever its revision, and again while
-// the lease lives, in case the write lands late); until then the name's
-// cleanup is pending.
-func (a *attempt) abandon(rev int64) {
-	f, s, c, dir := a.f, a.s, a.c, a.q.dir
-	if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, rev) }) {
-		f.unpend(dir)
-	}
 }
 
 // A cleanup counts the keys of a name whose caller moved on while their

@@ -112,6 +112,54 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 	})
 }
 
+// errRequeue: the key of a waiter vanished (lease ended, operator) before it
+// was granted, or the lease was found revoked; Acquire starts again with a
+// new key.
+var errRequeue = errors.New("etcdlock: queue entry vanished")
+
+// take runs attempts, each a key on a live lease, until one holds a permit
+// or fails other than by its key vanishing. A wait whose ctx ends
+// mid-request, while the lease or the watch is set up, or while queued,
+// returns ctx's error: backend.Take tells, by its probe, a wait that gave
+// up on contention from one that gave up on an outage.
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	q := newQueue(name, o)
+	w, err := f.watch(ctx, q.prefix)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.unrefWatch(w)
+	var blocked time.Time // when the first attempt had to wait
+	waited := func() time.Duration {
+		if blocked.IsZero() {
+			return 0
+		}
+		return time.Since(blocked)
+	}
+	for {
+		s, err := f.session(ctx, q.ttl, q.renew)
+		if err != nil {
+			return nil, waited(), err
+		}
+		a := &attempt{f: f, ctx: ctx, q: q, w: w, s: s}
+		h, err := a.try()
+		f.unrefSession(s)
+		if blocked.IsZero() {
+			blocked = a.blocked
+		}
+		if errors.Is(err, errRequeue) {
+			if err := ctx.Err(); err != nil {
+				return nil, waited(), err // Take probes: the lease may have ended with etcd
+			}
+			continue
+		}
+		return h, waited(), err
+	}
+}
+
 // WithLock runs fn while holding name; see lock.WithLock.
 func (f *Factory) WithLock(ctx context.Context, name string, fn func(ctx context.Context) error, opts ...Option) error {
 	return lock.WithLock(ctx, f.AsLocker(opts...), name, fn)
@@ -272,54 +320,6 @@ func (q *queue) mismatched(resp *clientv3.TxnResponse) error {
 // every key. The revision order is the order of service, and a reader
 // that comes after a waiting writer waits behind it.
 func (q *queue) waitsFor(key string) bool { return !q.shared || !isShared(key) }
-
-// errRequeue: the key of a waiter vanished (lease ended, operator) before it
-// was granted, or the lease was found revoked; Acquire starts again with a
-// new key.
-var errRequeue = errors.New("etcdlock: queue entry vanished")
-
-// take runs attempts, each a key on a live lease, until one holds a permit
-// or fails other than by its key vanishing. A wait whose ctx ends
-// mid-request, while the lease or the watch is set up, or while queued,
-// returns ctx's error: backend.Take tells, by its probe, a wait that gave
-// up on contention from one that gave up on an outage.
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
-	q := newQueue(name, o)
-	w, err := f.watch(ctx, q.prefix)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer f.unrefWatch(w)
-	var blocked time.Time // when the first attempt had to wait
-	waited := func() time.Duration {
-		if blocked.IsZero() {
-			return 0
-		}
-		return time.Since(blocked)
-	}
-	for {
-		s, err := f.session(ctx, q.ttl, q.renew)
-		if err != nil {
-			return nil, waited(), err
-		}
-		a := &attempt{f: f, ctx: ctx, q: q, w: w, s: s}
-		h, err := a.try()
-		f.unrefSession(s)
-		if blocked.IsZero() {
-			blocked = a.blocked
-		}
-		if errors.Is(err, errRequeue) {
-			if err := ctx.Err(); err != nil {
-				return nil, waited(), err // Take probes: the lease may have ended with etcd
-			}
-			continue
-		}
-		return h, waited(), err
-	}
-}
 
 // spawn runs fn in a goroutine that Close waits for; it reports false, and
 // does not run fn, once the factory is closed.
