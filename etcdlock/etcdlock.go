@@ -12,24 +12,17 @@
 package etcdlock
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"iter"
 	"os"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ubgo/lock"
@@ -70,14 +63,6 @@ type Factory struct {
 	used     map[string]uint64          // key names in use → claim id
 	claims   uint64
 	cleanups map[string]*cleanup // by name directory; see settle
-}
-
-// A cleanup counts the keys of a name whose caller moved on while their
-// write was in flight: each is deleted in the background once the write
-// returns, and until all are, the factory writes no new key for the name.
-type cleanup struct {
-	n    int
-	done chan struct{} // closed when n drops to 0
 }
 
 // NewFactory returns a factory using cli, whose options are the defaults for
@@ -125,6 +110,54 @@ func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Ho
 	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
 		return f.take(ctx, name, &o)
 	})
+}
+
+// errRequeue: the key of a waiter vanished (lease ended, operator) before it
+// was granted, or the lease was found revoked; Acquire starts again with a
+// new key.
+var errRequeue = errors.New("etcdlock: queue entry vanished")
+
+// take runs attempts, each a key on a live lease, until one holds a permit
+// or fails other than by its key vanishing. A wait whose ctx ends
+// mid-request, while the lease or the watch is set up, or while queued,
+// returns ctx's error: backend.Take tells, by its probe, a wait that gave
+// up on contention from one that gave up on an outage.
+func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	q := newQueue(name, o)
+	w, err := f.watch(ctx, q.prefix)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.unrefWatch(w)
+	var blocked time.Time // when the first attempt had to wait
+	waited := func() time.Duration {
+		if blocked.IsZero() {
+			return 0
+		}
+		return time.Since(blocked)
+	}
+	for {
+		s, err := f.session(ctx, q.ttl, q.renew)
+		if err != nil {
+			return nil, waited(), err
+		}
+		a := &attempt{f: f, ctx: ctx, q: q, w: w, s: s}
+		h, err := a.try()
+		f.unrefSession(s)
+		if blocked.IsZero() {
+			blocked = a.blocked
+		}
+		if errors.Is(err, errRequeue) {
+			if err := ctx.Err(); err != nil {
+				return nil, waited(), err // Take probes: the lease may have ended with etcd
+			}
+			continue
+		}
+		return h, waited(), err
+	}
 }
 
 // WithLock runs fn while holding name; see lock.WithLock.
@@ -250,471 +283,50 @@ func (f *Factory) unclaim(c claim) {
 	f.mu.Unlock()
 }
 
-func (f *Factory) mismatch(q *queue, held int) error {
+// mismatch is the error of a caller whose limit is not the holders'.
+func (q *queue) mismatch(held int) error {
 	return fmt.Errorf("etcdlock: %w: %q has limit %d, caller asked for %d", lock.ErrLimitMismatch, q.name, held, q.limit)
 }
 
-// errRequeue: the key of a waiter vanished (lease ended, operator) before it
-// was granted, or the lease was found revoked; Acquire starts again with a
-// new key.
-var errRequeue = errors.New("etcdlock: queue entry vanished")
-
-func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
-	q := newQueue(name, o)
-	// A wait whose ctx ends mid-request, while the lease or the watch is
-	// set up, or while queued, returns ctx's error: backend.Take tells, by
-	// its probe, a wait that gave up on contention from one that gave up
-	// on an outage.
-	var waitStart time.Time
-	waited := func() time.Duration {
-		if waitStart.IsZero() {
-			return 0
-		}
-		return time.Since(waitStart)
-	}
-	w, err := f.watch(ctx, q.prefix)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer f.unrefWatch(w)
-	for {
-		s, err := f.session(ctx, q.ttl, q.renew)
-		if err != nil {
-			return nil, waited(), err
-		}
-		h, err := f.attempt(ctx, w, s, q, &waitStart)
-		f.unrefSession(s)
-		if errors.Is(err, errRequeue) {
-			if err := ctx.Err(); err != nil {
-				return nil, waited(), err // Finish probes: the lease may have ended with etcd
-			}
-			continue
-		}
-		return h, waited(), err
-	}
-}
-
-// attempt puts one key for q on s's lease and returns once it holds a
-// permit, or fails.
-func (f *Factory) attempt(ctx context.Context, w *watcher, s *session, q *queue, waitStart *time.Time) (*Holder, error) {
-	if err := f.settle(ctx, q.dir); err != nil {
-		return nil, err
-	}
-	c := f.claimKey(q.keys)
-	since := time.Now()
-	val, _ := json.Marshal(record{Owner: q.opts.Owner, Process: f.process, Since: since, Metadata: q.opts.Metadata})
-	var ws *waitState
-	if q.wait {
-		ws = w.addWaiter(q.slots)
-		defer w.removeWaiter(q.slots, ws)
-	}
-	// unwritten ends an attempt whose key was not written.
-	unwritten := func(err error) (*Holder, error) {
-		w.untrack(c)
-		f.unclaim(c)
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			// Revoked behind our back: its locks are lost (the watch tells
-			// their holders); take a new lease.
-			s.die(false)
-			err = errRequeue
-		}
-		return nil, err
-	}
-	// commit runs one transaction that writes the key if cmps hold, and
-	// checks in every case that the key name is not still in use by an
-	// earlier lock of this factory that could not be deleted. Unless
-	// implied, when cmps already say that the key is absent, that is
-	// compared too.
-	commit := func(implied bool, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-		for {
-			w.track(c)
-			if !implied {
-				cmps = append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.key), "=", 0)}, cmps[:len(cmps):len(cmps)]...)
-			}
-			then := append([]clientv3.Op{clientv3.OpPut(c.key, string(val), clientv3.WithLease(s.id))}, then...)
-			els := append(els[:len(els):len(els)], clientv3.OpGet(c.key, clientv3.WithKeysOnly()))
-			resp, err := f.commit(ctx, s, q.dir, c, cmps, then, els)
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				_, err = unwritten(err)
-				return nil, err
-			}
-			if err != nil {
-				w.untrack(c) // the claim stays with the cleanup
-				return nil, fmt.Errorf("etcdlock: acquire: %w", err)
-			}
-			if resp.Succeeded || len(resp.Responses[len(els)-1].GetResponseRange().Kvs) == 0 {
-				return resp, nil
-			}
-			// Left over (a lost lock of a dead lease): skip the name, and
-			// check that the next one is absent.
-			w.untrack(c)
-			c = f.claimKey(q.keys)
-			if implied {
-				implied = false
-			} else {
-				cmps = cmps[1:]
-			}
-		}
-	}
-
-	// Keys of other limits, which make a mismatch: [below, slots) and
-	// [above, end of dir).
+// otherLimits compares that no key of another limit than q's is under the
+// name, the ranges [dir, slots) and [end of slots, end of dir), and reads
+// the first of each when one is: the transaction's first two responses,
+// which mismatched reads.
+func (q *queue) otherLimits() ([]clientv3.Cmp, []clientv3.Op) {
 	below, above := q.dir, rangeEnd(q.slots)
-	others := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(below).WithRange(q.slots), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(above).WithRange(rangeEnd(q.dir)), "=", 0),
-	}
-	othersOps := []clientv3.Op{
-		clientv3.OpGet(below, clientv3.WithRange(q.slots), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
-		clientv3.OpGet(above, clientv3.WithRange(rangeEnd(q.dir)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
-	}
-	mismatched := func(resp *clientv3.TxnResponse) error {
-		for _, r := range resp.Responses[:2] {
-			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
-				n, _ := limitOf(q.dir, string(kvs[0].Key))
-				return f.mismatch(q, n)
-			}
+	return []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(below).WithRange(q.slots), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(above).WithRange(rangeEnd(q.dir)), "=", 0),
+		}, []clientv3.Op{
+			clientv3.OpGet(below, clientv3.WithRange(q.slots), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
+			clientv3.OpGet(above, clientv3.WithRange(rangeEnd(q.dir)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
 		}
-		return nil
-	}
-	if !q.wait && q.shared {
-		// Write only if no exclusive key is there, holding or waiting
-		// (writer preference), nor a key of another limit.
-		cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.slots).WithRange(q.slots+sharedMark), "=", 0)}, others...)
-		resp, err := commit(false, cmps, nil, othersOps)
-		if err != nil {
-			return nil, err
-		}
-		if resp.Succeeded {
-			return f.admit(ctx, w, s, q, c, resp.Header.Revision, since)
-		}
-		if err := mismatched(resp); err != nil {
-			return unwritten(err)
-		}
-		return unwritten(ErrLocked)
-	}
-	if !q.wait {
-		// Write only if the name is free, or every key seen is still there
-		// and a permit was free: then the new key is among the first n. No
-		// write at all when the name is taken. Either condition also says
-		// that the key is absent (it was, when the keys were seen).
-		cmp := clientv3.Compare(clientv3.CreateRevision(q.dir).WithPrefix(), "=", 0)
-		first := clientv3.OpGet(q.dir, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
-		for {
-			resp, err := commit(true, []clientv3.Cmp{cmp}, nil, []clientv3.Op{first})
-			if err != nil {
-				return nil, err
-			}
-			if resp.Succeeded {
-				return f.admit(ctx, w, s, q, c, resp.Header.Revision, since)
-			}
-			rr := resp.Responses[0].GetResponseRange()
-			if rr.Count > 0 {
-				if n, _ := limitOf(q.dir, string(rr.Kvs[0].Key)); n != q.limit {
-					return unwritten(f.mismatch(q, n))
-				}
-				if rr.Count >= int64(q.limit) {
-					return unwritten(ErrLocked)
-				}
-			}
-			if err := ctx.Err(); err != nil {
-				return unwritten(err)
-			}
-			cmp = clientv3.Compare(clientv3.ModRevision(q.dir).WithPrefix(), "<", resp.Header.Revision+1)
-		}
-	}
-
-	// Queue: the key goes in unless keys of another limit are there, and the
-	// keys ahead of it are read in the same transaction. A shared key
-	// waits only for the exclusive keys ahead of it, an exclusive one for
-	// every key: the revision order is the order of service, and a
-	// reader that comes after a waiting writer waits behind it.
-	behind := func(key string) bool { return !q.shared || !isShared(key) }
-	all := clientv3.OpGet(q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	var resp *clientv3.TxnResponse
-	for {
-		var err error
-		resp, err = commit(false, others, []clientv3.Op{all}, othersOps)
-		if err != nil {
-			return nil, err
-		}
-		if resp.Succeeded {
-			break
-		}
-		if err := mismatched(resp); err != nil {
-			return unwritten(err)
-		}
-		if err := ctx.Err(); err != nil {
-			return unwritten(err)
-		}
-	}
-	rev := resp.Header.Revision
-	ahead := map[string]bool{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if kv.CreateRevision < rev && behind(string(kv.Key)) {
-			ahead[string(kv.Key)] = true
-		}
-	}
-	if len(ahead) >= q.limit && !q.renew {
-		// A lease that only Extend renews must still live through the wait.
-		defer s.renewWhile()()
-	}
-	base := rev // events at or below base are already reflected in ahead
-	for len(ahead) >= q.limit {
-		if waitStart.IsZero() {
-			*waitStart = time.Now()
-		}
-		select {
-		case <-ws.ch:
-		case <-ctx.Done():
-			// Held as far as the watch told; whether etcd still answers,
-			// the probe says (see backend.Take).
-			f.abandon(w, s, c, rev)
-			return nil, ctx.Err()
-		case <-f.ctx.Done():
-			f.abandon(w, s, c, rev)
-			return nil, lock.ErrClosed
-		}
-		evs, resync := ws.drain()
-		if resync {
-			g, err := f.cli.Get(ctx, q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-			if err != nil {
-				f.abandon(w, s, c, rev)
-				if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-					return nil, ctx.Err() // the probe decides
-				}
-				return nil, fmt.Errorf("etcdlock: acquire: %w", err) // a failure, not contention
-			}
-			base = g.Header.Revision
-			clear(ahead)
-			mine := false
-			for _, kv := range g.Kvs {
-				switch {
-				case string(kv.Key) == c.key && kv.CreateRevision == rev:
-					mine = true
-				case kv.CreateRevision < rev && behind(string(kv.Key)):
-					ahead[string(kv.Key)] = true
-				}
-			}
-			if !mine {
-				return unwritten(errRequeue)
-			}
-		}
-		for _, ev := range evs {
-			switch {
-			case ev.rev <= base:
-			case ev.key == c.key:
-				return unwritten(errRequeue)
-			default:
-				delete(ahead, ev.key)
-			}
-		}
-	}
-	return f.admit(ctx, w, s, q, c, rev, since)
 }
 
-// commit runs one transaction that may write the key of c, under dir. The
-// write runs on a context of its own, so that its outcome is known even if
-// ctx ends first: the caller then gets ctx's error at once. When the key was
-// written for nobody, or may have been, it is deleted in the background, as
-// a cleanup of dir, so that a caller retrying on short deadlines waits for
-// it (settle) instead of piling up writes.
-func (f *Factory) commit(ctx context.Context, s *session, dir string, c claim, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	run := func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return f.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
-	}
-	if ctx.Done() == nil {
-		resp, err := run(ctx)
-		if err != nil && !rejected(err) {
-			f.pend(dir)
-			if !f.spawn(func() { defer f.unpend(dir); f.remove(s, c, 0) }) {
-				f.unpend(dir)
-			}
-		}
-		return resp, err
-	}
-	type result struct {
-		resp *clientv3.TxnResponse
-		err  error
-	}
-	var (
-		mu   sync.Mutex
-		left bool
-		ch   = make(chan result, 1)
-	)
-	if !f.spawn(func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		resp, err := run(dctx)
-		cancel()
-		unknown := err != nil && !rejected(err)
-		mu.Lock()
-		gone := left // then the caller made it a cleanup
-		if !gone {
-			if unknown {
-				f.pend(dir) // before the caller can try again
-			}
-			ch <- result{resp, err} // buffered; under mu so the caller cannot leave in between
-		}
-		mu.Unlock()
-		if gone || unknown {
-			defer f.unpend(dir)
-		}
-		switch {
-		case err != nil && !rejected(err):
-			f.remove(s, c, 0)
-		case !gone: // the caller has the outcome
-		case err != nil:
-			f.unclaim(c)
-		case resp.Succeeded:
-			f.remove(s, c, resp.Header.Revision)
-		default:
-			f.unclaim(c)
-		}
-	}) {
-		return nil, lock.ErrClosed
-	}
-	select {
-	case r := <-ch:
-		return r.resp, r.err
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case r := <-ch:
-		return r.resp, r.err
-	default:
-		left = true
-		f.pend(dir)
-		return nil, ctx.Err()
-	}
-}
-
-// pend and unpend count a cleanup of dir.
-func (f *Factory) pend(dir string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	cl := f.cleanups[dir]
-	if cl == nil {
-		cl = &cleanup{done: make(chan struct{})}
-		f.cleanups[dir] = cl
-	}
-	cl.n++
-}
-
-func (f *Factory) unpend(dir string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	cl := f.cleanups[dir]
-	if cl.n--; cl.n == 0 {
-		delete(f.cleanups, dir)
-		close(cl.done)
-	}
-}
-
-// settle waits until no key of dir is being cleaned up: a caller whose
-// write outlived its deadline leaves at most one key per name behind, not
-// one per retry, and the key is gone before the factory writes the next.
-func (f *Factory) settle(ctx context.Context, dir string) error {
-	for {
-		f.mu.Lock()
-		cl := f.cleanups[dir]
-		f.mu.Unlock()
-		if cl == nil {
-			return nil
-		}
-		select {
-		case <-cl.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-f.ctx.Done():
-			return lock.ErrClosed
+// mismatched is the error of a transaction that failed on otherLimits'
+// comparisons, or nil.
+func (q *queue) mismatched(resp *clientv3.TxnResponse) error {
+	for _, r := range resp.Responses[:2] {
+		if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
+			n, _ := limitOf(q.dir, string(kvs[0].Key))
+			return q.mismatch(n)
 		}
 	}
+	return nil
 }
 
-// rejected reports whether err means the transaction was refused, so that
-// nothing was written.
-func rejected(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
-
-// remove deletes the key of c if it is still the one created at rev, and
-// drops the claim. rev 0 means the outcome of the write is unknown: the key
-// is deleted whatever its revision, and again while the session lives, in
-// case the write is applied late. On failure the session retries.
-func (f *Factory) remove(s *session, c claim, rev int64) {
-	ctx, cancel := backend.ReleaseContext(context.Background())
-	defer cancel()
-	var err error
-	if rev == 0 {
-		_, err = f.cli.Delete(ctx, c.key)
-	} else {
-		_, err = f.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(c.key), "=", rev)).Then(clientv3.OpDelete(c.key)).Commit()
-	}
-	if err != nil || rev == 0 {
-		s.addOrphan(c, rev)
-		return
-	}
-	f.unclaim(c)
-}
-
-// abandon gives up a waiter's key before returning, so that the permit it
-// may just have been handed passes on at once.
-func (f *Factory) abandon(w *watcher, s *session, c claim, rev int64) {
-	w.untrack(c)
-	f.remove(s, c, rev)
-}
-
-// admit turns the key into a holder.
-func (f *Factory) admit(ctx context.Context, w *watcher, s *session, q *queue, c claim, rev int64, since time.Time) (*Holder, error) {
-	h := &Holder{
-		f: f, w: w, s: s, name: q.name, key: c.key, claim: c, token: uint64(rev), opts: q.opts,
-		state: backend.NewState(), ctx: context.WithoutCancel(ctx), since: since,
-	}
-	f.refWatch(w)
-	f.refSession(s)
-	if !s.addHolder(h) {
-		// The lease was declared lost while the key went in.
-		h.detach()
-		f.abandon(w, s, c, rev)
-		return nil, errRequeue
-	}
-	for {
-		switch w.hold(c, h) {
-		case held:
-			h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
-			return h, nil
-		case unverified:
-			gen := w.generation()
-			rctx, cancel := backend.ReleaseContext(ctx)
-			resp, err := f.cli.Get(rctx, c.key, clientv3.WithKeysOnly())
-			cancel()
-			if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == rev {
-				w.verified(c, gen)
-				continue
-			}
-		}
-		// Deleted already (operator, lease ended), or cannot tell: this
-		// lock was never safe to use.
-		s.removeHolder(h)
-		h.detach()
-		f.abandon(w, s, c, rev)
-		return nil, errRequeue
-	}
-}
+// waitsFor reports whether a key of q waits for key, one ahead of it: a
+// shared key waits only for the exclusive keys, an exclusive one for
+// every key. The revision order is the order of service, and a reader
+// that comes after a waiting writer waits behind it.
+func (q *queue) waitsFor(key string) bool { return !q.shared || !isShared(key) }
 
 // spawn runs fn in a goroutine that Close waits for; it reports false, and
 // does not run fn, once the factory is closed.
 func (f *Factory) spawn(fn func()) bool {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
+	if !f.enter() {
 		return false
 	}
-	f.wg.Add(1)
-	f.mu.Unlock()
 	go func() {
 		defer f.wg.Done()
 		fn()
@@ -722,135 +334,16 @@ func (f *Factory) spawn(fn func()) bool {
 	return true
 }
 
-// Inspect reports the current holders of name under the factory's key
-// prefix: token, owner, when the key was written (for a holder that waited,
-// when it started waiting), lease expiry and metadata. Waiting counts the
-// keys queued behind the holders: the Acquires waiting for the name, and,
-// for a moment, one that does not wait and is about to give up.
-func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
-	if err := lock.ValidateName(name); err != nil {
-		return lock.Info{}, err
+// enter counts work in f.wg, which Close waits for, unless the factory is
+// closed; the caller ends it with f.wg.Done.
+func (f *Factory) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
 	}
-	if f.cfg.Err != nil {
-		return lock.Info{}, f.cfg.Err
-	}
-	q := newQueue(name, &f.cfg.Options)
-	resp, err := f.cli.Get(ctx, q.dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-	if err != nil {
-		return lock.Info{}, err
-	}
-	return f.infoOf(ctx, name, q.dir, resp.Kvs, map[int64]time.Time{}), nil
-}
-
-// infoOf describes the name whose directory dir holds kvs, sorted by
-// create revision; expires caches lease expiries.
-func (f *Factory) infoOf(ctx context.Context, name, dir string, kvs []*mvccpb.KeyValue, expires map[int64]time.Time) lock.Info {
-	info := lock.Info{Name: name}
-	if len(kvs) == 0 {
-		return info
-	}
-	info.Limit, _ = limitOf(dir, string(kvs[0].Key))
-	n := min(max(info.Limit, 1), len(kvs))
-	if isShared(string(kvs[0].Key)) { // shared holders: up to the first exclusive key
-		for n < len(kvs) && isShared(string(kvs[n].Key)) {
-			n++
-		}
-	}
-	held := kvs[:n]
-	info.Waiting = len(kvs) - len(held)
-	for _, kv := range held {
-		var r record
-		_ = json.Unmarshal(kv.Value, &r)
-		hi := lock.HolderInfo{Token: uint64(kv.CreateRevision), Owner: r.Owner, Since: r.Since, Metadata: r.Metadata}
-		if hi.Owner == "" {
-			hi.Owner = r.Process
-		}
-		if kv.Lease != 0 {
-			exp, ok := expires[kv.Lease]
-			if !ok {
-				sent := time.Now()
-				if ttl, err := f.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL > 0 {
-					exp = sent.Add(time.Duration(ttl.TTL) * time.Second)
-				}
-				expires[kv.Lease] = exp
-			}
-			hi.Expires = exp
-		}
-		info.Holders = append(info.Holders, hi)
-	}
-	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
-	return info
-}
-
-// List yields the held names under the factory's key prefix that start
-// with prefix, with their holders and waiting counts as Inspect reports
-// them, in the byte order of their escaped names (name order for names of
-// letters, digits, '-' and '_'). It reads the key range in pages of
-// lock.ListPageSize keys, every page at the revision of the first, so the
-// listing is one consistent snapshot (a compaction during a long listing
-// ends it with an error). Names are recovered from their directories; a
-// long name, whose directory is a hash of it, is listed under its escaped
-// form (backend.ListedName), and only when prefix fits in that form's
-// readable part.
-func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, error] {
-	return func(yield func(lock.Info, error) bool) {
-		if f.cfg.Err != nil {
-			yield(lock.Info{}, f.cfg.Err)
-			return
-		}
-		root := prefixOf(&f.cfg.Options)
-		from := root + backend.EscapePrefix(prefix)
-		end := rangeEnd(from)
-		var (
-			rev     int64
-			cur     string // the escaped name whose keys are in kvs
-			kvs     []*mvccpb.KeyValue
-			expires = map[int64]time.Time{}
-		)
-		// flush yields the name in kvs, if it is listed and held.
-		flush := func() bool {
-			esc, batch := cur, kvs
-			cur, kvs = "", nil
-			name, ok := backend.ListedName(esc, prefix)
-			if esc == "" || !ok {
-				return true
-			}
-			slices.SortFunc(batch, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
-			info := f.infoOf(ctx, name, root+esc+"/", batch, expires)
-			return len(info.Holders) == 0 || yield(info, nil)
-		}
-		for key := from; ; {
-			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(lock.ListPageSize)}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			resp, err := f.cli.Get(ctx, key, opts...)
-			if err != nil {
-				yield(lock.Info{}, fmt.Errorf("etcdlock: list: %w", err))
-				return
-			}
-			if rev == 0 {
-				rev = resp.Header.Revision
-			}
-			clear(expires)
-			for _, kv := range resp.Kvs {
-				esc, _, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), root), "/")
-				if !ok {
-					continue
-				}
-				if esc != cur && !flush() {
-					return
-				}
-				cur = esc
-				kvs = append(kvs, kv)
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				flush()
-				return
-			}
-			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-		}
-	}
+	f.wg.Add(1)
+	return true
 }
 
 // Close revokes the factory's leases, which frees every lock it holds (their

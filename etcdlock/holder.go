@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -78,30 +79,22 @@ func (h *Holder) release() error {
 	defer cancel()
 	h.releasing.Store(true)
 	h.w.untrack(h.claim) // our own deletion is not a loss
-	resp, err := h.f.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", int64(h.token))).
-		Then(clientv3.OpDelete(h.key)).
-		Commit()
+	ok, err := h.f.del(ctx, h.key, int64(h.token))
 	switch {
 	case err != nil:
 		h.s.addOrphan(h.claim, int64(h.token))
 		err = fmt.Errorf("etcdlock: release %q: %w", h.name, err)
-		h.end(err)
-		return err
-	case !resp.Succeeded:
+	case !ok:
 		h.lose(ErrLockLost)
 		return ErrLockLost
+	default:
+		h.f.unclaim(h.claim)
 	}
-	h.f.unclaim(h.claim)
-	h.end(nil)
-	return nil
-}
-
-func (h *Holder) end(err error) {
 	h.detach()
 	if h.state.End() {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
+	return err
 }
 
 // Extend renews the lease now, which pushes the expiry one TTL into the
@@ -136,6 +129,7 @@ func (h *Holder) extend(ctx context.Context) error {
 			// was no longer this holder's.
 			return ErrLockLost
 		}
+		h.w.untrack(h.claim) // gone: nothing to delete
 		h.lose(ErrLockLost)
 	}
 	if h.state.Ended() {
@@ -144,40 +138,28 @@ func (h *Holder) extend(ctx context.Context) error {
 	return nil
 }
 
-// lose makes the holder lose its lock with err, which matches ErrLockLost.
+// lose ends the holder with err, a loss matching ErrLockLost: found by
+// the watch (its key went), its lease (not renewed in time, revoked, or
+// ended by Close), Release or Extend (the key was no longer its), or
+// WithMaxHold (lose is State.Bound's callback). It reports the loss,
+// stops the holder's renewal, and deletes its key if it may still be
+// there: not once the watch or Release has let go of it, nor on a dead
+// lease, which takes the key with it (and etcd may be why it died).
+// WithMaxHold leaves a Release on its way to end the holder: its delete
+// frees the key.
 func (h *Holder) lose(err error) {
-	h.w.untrack(h.claim)
+	if h.releasing.Load() && errors.Is(err, lock.ErrMaxHold) {
+		return
+	}
+	there := h.w.untrack(h.claim) && h.s.alive()
 	if h.state.Lose(err) {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
 	}
-	h.detach()
-	// The key is gone, or goes with a lease that is no longer renewed; an
-	// acquire that meets it before then skips the name.
-	h.f.unclaim(h.claim)
-}
-
-// endHold is WithMaxHold's end (see backend.State.Bound): the holder is
-// lost with err at once, then its key is deleted if it is still the
-// holder's, as Release would, so it does not linger with the lease.
-// A Release on its way decides: its delete frees the key.
-func (h *Holder) endHold(err error) {
-	if h.releasing.Load() {
-		return
-	}
-	h.w.untrack(h.claim) // our own deletion is not news
-	if !h.state.Lose(err) {
-		return // released or lost already
-	}
-	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.since), Err: err})
-	ctx, cancel := backend.ReleaseContext(h.ctx)
-	defer cancel()
-	_, derr := h.f.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", int64(h.token))).
-		Then(clientv3.OpDelete(h.key)).
-		Commit()
-	if derr != nil {
-		h.s.addOrphan(h.claim, int64(h.token)) // deleted later, or with the lease
+	if there {
+		h.f.remove(h.s, h.claim, int64(h.token))
 	} else {
+		// The key is gone, or goes with the lease; an acquire that meets
+		// it before then skips the name.
 		h.f.unclaim(h.claim)
 	}
 	h.detach()

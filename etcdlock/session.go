@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // A session is one lease. Renewed sessions are shared by every lock of the
@@ -114,14 +115,19 @@ func (f *Factory) session(ctx context.Context, ttl time.Duration, renew bool) (*
 			f.unrefSession(s)
 			return nil, s.err
 		}
-		s.mu.Lock()
-		dead := s.dead
-		s.mu.Unlock()
-		if !dead {
+		if s.alive() {
 			return s, nil
 		}
 		f.unrefSession(s)
 	}
+}
+
+// alive reports whether the session is not dead: its lease is renewed,
+// or may still be.
+func (s *session) alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.dead
 }
 
 // fresh reports whether an idle lease has enough life left to be taken up
@@ -466,12 +472,7 @@ func (s *session) retryOrphans() {
 	s.mu.Unlock()
 	for _, o := range todo {
 		ctx, cancel := context.WithTimeout(s.f.ctx, opTimeout)
-		var err error
-		if o.rev == 0 {
-			_, err = s.f.cli.Delete(ctx, o.c.key)
-		} else {
-			_, err = s.f.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(o.c.key), "=", o.rev)).Then(clientv3.OpDelete(o.c.key)).Commit()
-		}
+		_, err := s.f.del(ctx, o.c.key, o.rev)
 		cancel()
 		if err != nil || time.Now().Before(o.until) {
 			continue
@@ -486,4 +487,30 @@ func (s *session) retryOrphans() {
 			s.f.unclaim(o.c)
 		}
 	}
+}
+
+// remove deletes the key of c if it is still the one created at rev, and
+// drops the claim. rev 0 means the outcome of the write is unknown: the key
+// is deleted whatever its revision, and again while the session lives, in
+// case the write is applied late. On failure the session retries.
+func (f *Factory) remove(s *session, c claim, rev int64) {
+	ctx, cancel := backend.ReleaseContext(context.Background())
+	defer cancel()
+	_, err := f.del(ctx, c.key, rev)
+	if err != nil || rev == 0 {
+		s.addOrphan(c, rev)
+		return
+	}
+	f.unclaim(c)
+}
+
+// del deletes key if it is still the one created at rev (whatever it is
+// when rev is 0), and reports whether it was.
+func (f *Factory) del(ctx context.Context, key string, rev int64) (bool, error) {
+	if rev == 0 {
+		_, err := f.cli.Delete(ctx, key)
+		return err == nil, err
+	}
+	resp, err := f.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+	return err == nil && resp.Succeeded, err
 }

@@ -13,17 +13,23 @@ import (
 	"github.com/ubgo/lock"
 )
 
-// A watcher follows the deletions under one key prefix for the whole
-// factory: one watch, established before the factory's first transaction
-// under the prefix, serves every holder (a deleted key is a lost lock) and
-// every waiter (a deleted key ahead of it may be its turn). Because it is in
-// place before any of the factory's keys are written, it misses no deletion
-// of them, and it is "synced" on the server, which notifies it in the same
-// step as the write: a waiter learns of a release without polling.
-//
-// If the watch breaks (compaction, no leader) it is established again, and
-// what happened in between is read back: each held key is checked, and each
-// waiter re-reads the keys ahead of it.
+// Waiting. A waiting Acquire's key is queued in revision order, and the
+// transaction that writes it also reads the keys ahead of it (enqueue).
+// From then on it sends nothing: it waits for the deletion of the keys
+// ahead of it that it waits for, until fewer than its limit are left
+// (await). The deletions come from the factory's one watch of its key
+// prefix, which also tells holders that their key went (a loss). It is
+// not backend.Wait's loop of attempts: a queued key needs no second
+// attempt, and nothing polls. The watch misses no deletion of the
+// factory's keys, being in place before the first of them is written;
+// when it breaks (compaction, no leader) it is set up again, every held
+// key is read back and every waiter reads its queue again. Every factory
+// watching a prefix is sent each deletion under it: a release costs the
+// server one event per watching factory, no request.
+
+// A watcher is the watch of one key prefix for the whole factory, and
+// what listens to it: the factory's keys (a deletion of a held key is a
+// loss) and the waiters.
 type watcher struct {
 	f      *Factory
 	prefix string
@@ -36,10 +42,11 @@ type watcher struct {
 	idle *time.Timer
 	dead bool
 
+	// Guarded by mu, with the waiters' fields.
 	mu      sync.Mutex
 	gen     uint64 // counts the times the watch was set up again
 	keys    map[string]*entry
-	waiters map[string]map[*waitState]struct{} // by slots directory
+	waiters map[string]map[*waiter]struct{} // by slots directory
 }
 
 // entry is one of the factory's keys under the prefix. Key names are used
@@ -48,52 +55,92 @@ type watcher struct {
 type entry struct {
 	claim   uint64
 	gen     uint64  // the watch generation its deletions are known from
-	h       *Holder // nil until granted
-	goneRev int64   // the latest deletion seen before it was granted
+	h       *Holder // nil until admitted
+	goneRev int64   // the latest deletion seen before it was admitted
 }
 
-// holdResult is what hold found.
-type holdResult int
+// admitted is what admit found.
+type admitted int
 
 const (
-	held       holdResult = iota
-	deleted               // the key is gone
-	unverified            // the watch was set up again since the key was written: read it back
+	held       admitted = iota
+	gone                // the key is gone
+	unverified          // the watch was set up again since the key was written: read it back
 )
 
-type delEvent struct {
+type deletion struct {
 	key string
 	rev int64
 }
 
-// waitState collects the deletions a waiter has yet to look at.
-type waitState struct {
-	ch     chan struct{} // 1-buffered: something to look at
-	mu     sync.Mutex
-	evs    []delEvent
-	resync bool // events may have been missed: read the queue again
+// A waiter is one queued attempt's subscription to the watch: the
+// deletions under its slots directory it has yet to look at. Its fields
+// are guarded by the watcher's mu; wake only signals.
+type waiter struct {
+	w      *watcher
+	slots  string
+	wake   chan struct{} // 1-buffered: something to look at
+	dels   []deletion
+	resync bool // deletions may have been missed: read the queue again
 }
 
-func (ws *waitState) push(ev delEvent, resync bool) {
-	ws.mu.Lock()
-	if resync {
-		ws.resync = true
-	} else {
-		ws.evs = append(ws.evs, ev)
+// subscribe starts collecting the deletions under slots, for an attempt
+// about to write its key there.
+func (w *watcher) subscribe(slots string) *waiter {
+	wt := &waiter{w: w, slots: slots, wake: make(chan struct{}, 1)}
+	w.mu.Lock()
+	set := w.waiters[slots]
+	if set == nil {
+		set = map[*waiter]struct{}{}
+		w.waiters[slots] = set
 	}
-	ws.mu.Unlock()
+	set[wt] = struct{}{}
+	w.mu.Unlock()
+	return wt
+}
+
+// Wake returns the channel that tells of deletions to look at.
+func (wt *waiter) Wake() <-chan struct{} { return wt.wake }
+
+// Close ends the subscription.
+func (wt *waiter) Close() {
+	w := wt.w
+	w.mu.Lock()
+	delete(w.waiters[wt.slots], wt)
+	if len(w.waiters[wt.slots]) == 0 {
+		delete(w.waiters, wt.slots)
+	}
+	w.mu.Unlock()
+}
+
+// next returns the deletions since the last call, and whether the queue
+// must be read again.
+func (wt *waiter) next() ([]deletion, bool) {
+	wt.w.mu.Lock()
+	defer wt.w.mu.Unlock()
+	dels, resync := wt.dels, wt.resync
+	wt.dels, wt.resync = nil, false
+	return dels, resync
+}
+
+// tellLocked adds d to what the waiter has to look at. w.mu is held.
+func (wt *waiter) tellLocked(d deletion) {
+	wt.dels = append(wt.dels, d)
+	wt.wakeUp()
+}
+
+// resyncLocked tells the waiter that deletions may have been missed.
+// w.mu is held.
+func (wt *waiter) resyncLocked() {
+	wt.resync = true
+	wt.wakeUp()
+}
+
+func (wt *waiter) wakeUp() {
 	select {
-	case ws.ch <- struct{}{}:
+	case wt.wake <- struct{}{}:
 	default:
 	}
-}
-
-func (ws *waitState) drain() ([]delEvent, bool) {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	evs, resync := ws.evs, ws.resync
-	ws.evs, ws.resync = nil, false
-	return evs, resync
 }
 
 // watchLinger is how long an unused watch is kept.
@@ -117,7 +164,7 @@ func (f *Factory) watch(ctx context.Context, prefix string) (*watcher, error) {
 	if w == nil {
 		wctx, cancel := context.WithCancel(f.ctx)
 		w = &watcher{f: f, prefix: prefix, ready: make(chan struct{}), cancel: cancel,
-			keys: map[string]*entry{}, waiters: map[string]map[*waitState]struct{}{}}
+			keys: map[string]*entry{}, waiters: map[string]map[*waiter]struct{}{}}
 		f.watches[prefix] = w
 		f.goLocked(func() { w.run(wctx) })
 	}
@@ -248,7 +295,7 @@ func (w *watcher) consume(wch clientv3.WatchChan) {
 // checked, and every waiter reads its queue again.
 func (w *watcher) resync(ctx context.Context) {
 	w.mu.Lock()
-	w.gen++ // keys not yet held are read back by the acquire (see hold)
+	w.gen++ // keys not yet held are read back by the acquire (see admit)
 	held := map[string]int64{}
 	for k, e := range w.keys {
 		if e.h != nil {
@@ -256,8 +303,8 @@ func (w *watcher) resync(ctx context.Context) {
 		}
 	}
 	for _, set := range w.waiters {
-		for ws := range set {
-			ws.push(delEvent{}, true)
+		for wt := range set {
+			wt.resyncLocked()
 		}
 	}
 	w.mu.Unlock()
@@ -292,8 +339,8 @@ func (w *watcher) deleted(key string, rev int64) {
 		}
 	}
 	if i := strings.LastIndexByte(key, '/'); i >= 0 {
-		for ws := range w.waiters[key[:i+1]] {
-			ws.push(delEvent{key, rev}, false)
+		for wt := range w.waiters[key[:i+1]] {
+			wt.tellLocked(deletion{key, rev})
 		}
 	}
 	w.mu.Unlock()
@@ -309,17 +356,23 @@ func (w *watcher) track(c claim) {
 	w.mu.Unlock()
 }
 
-func (w *watcher) untrack(c claim) {
+// untrack stops following the key of c, which the watch then no longer
+// reports to anyone (our own deletions are no loss); it reports whether
+// the key was still followed.
+func (w *watcher) untrack(c claim) bool {
 	w.mu.Lock()
-	if e := w.keys[c.key]; e != nil && e.claim == c.id {
-		delete(w.keys, c.key)
+	defer w.mu.Unlock()
+	e := w.keys[c.key]
+	if e == nil || e.claim != c.id {
+		return false
 	}
-	w.mu.Unlock()
+	delete(w.keys, c.key)
+	return true
 }
 
-// hold records that the key of c is held by h, unless it was deleted, or
-// might have been while the watch was down.
-func (w *watcher) hold(c claim, h *Holder) holdResult {
+// admit records that the key of c is held by h, whose loss its deletion
+// is, unless it was deleted, or might have been while the watch was down.
+func (w *watcher) admit(c claim, h *Holder) admitted {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e := w.keys[c.key]
@@ -328,7 +381,7 @@ func (w *watcher) hold(c claim, h *Holder) holdResult {
 		if e != nil && e.claim == c.id {
 			delete(w.keys, c.key)
 		}
-		return deleted
+		return gone
 	case e.gen != w.gen:
 		return unverified
 	}
@@ -348,28 +401,6 @@ func (w *watcher) verified(c claim, gen uint64) {
 	w.mu.Lock()
 	if e := w.keys[c.key]; e != nil && e.claim == c.id {
 		e.gen = gen
-	}
-	w.mu.Unlock()
-}
-
-func (w *watcher) addWaiter(slots string) *waitState {
-	ws := &waitState{ch: make(chan struct{}, 1)}
-	w.mu.Lock()
-	set := w.waiters[slots]
-	if set == nil {
-		set = map[*waitState]struct{}{}
-		w.waiters[slots] = set
-	}
-	set[ws] = struct{}{}
-	w.mu.Unlock()
-	return ws
-}
-
-func (w *watcher) removeWaiter(slots string, ws *waitState) {
-	w.mu.Lock()
-	delete(w.waiters[slots], ws)
-	if len(w.waiters[slots]) == 0 {
-		delete(w.waiters, slots)
 	}
 	w.mu.Unlock()
 }
