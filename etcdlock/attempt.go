@@ -346,7 +346,7 @@ func (a *attempt) unwritten(err error) error {
 	if rejected(err) {
 		// Revoked behind our back: its locks are lost (the watch tells
 		// their holders); take a new lease.
-		a.s.die(false)
+		a.s.die(false, backend.Loss(ErrLockLost, lock.ErrSessionEnded, "lease %x revoked", a.s.id))
 		err = errRequeue
 	}
 	return err

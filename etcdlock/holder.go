@@ -85,7 +85,7 @@ func (h *Holder) release() error {
 		h.s.addOrphan(h.claim, int64(h.token))
 		err = fmt.Errorf("etcdlock: release %q: %w", h.name, err)
 	case !ok:
-		h.lose(ErrLockLost)
+		h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "the key was no longer this holder's at release"))
 		return ErrLockLost
 	default:
 		h.f.unclaim(h.claim)
@@ -130,7 +130,7 @@ func (h *Holder) extend(ctx context.Context) error {
 			return ErrLockLost
 		}
 		h.w.untrack(h.claim) // gone: nothing to delete
-		h.lose(ErrLockLost)
+		h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "the key was no longer this holder's at extend"))
 	}
 	if h.state.Ended() {
 		return ErrLockLost

@@ -326,7 +326,7 @@ func (s *session) keepAlive(ctx context.Context) error {
 	defer cancel()
 	resp, err := s.f.cli.KeepAliveOnce(clientv3.WithRequireLeader(kctx), s.id)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		s.die(false)
+		s.die(false, backend.Loss(ErrLockLost, lock.ErrSessionEnded, "lease %x no longer exists in etcd", s.id))
 		return ErrLockLost
 	}
 	if err != nil {
@@ -357,20 +357,20 @@ func (s *session) expire() {
 		return
 	}
 	s.mu.Unlock()
-	s.die(true)
+	s.die(true, backend.Loss(ErrLockLost, lock.ErrLeaseExpired, "lease %x not renewed in time", s.id))
 }
 
 // die ends a session whose lease is lost or about to be: its holders lose
-// their locks first, then the lease is revoked, if it may still exist and
-// hold keys.
-func (s *session) die(revoke bool) {
+// their locks first, with loss, then the lease is revoked, if it may still
+// exist and hold keys.
+func (s *session) die(revoke bool, loss error) {
 	holders, orphans, ok := s.kill()
 	if !ok {
 		return
 	}
 	s.f.forget(s)
 	for _, h := range holders {
-		h.lose(ErrLockLost)
+		h.lose(loss)
 	}
 	if revoke && len(holders)+orphans > 0 {
 		s.f.spawn(func() { s.revoke() })

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Waiting. A waiting Acquire's key is queued in revision order, and the
@@ -345,7 +346,7 @@ func (w *watcher) deleted(key string, rev int64) {
 	}
 	w.mu.Unlock()
 	if lost != nil {
-		lost.lose(ErrLockLost)
+		lost.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "its key was deleted (lock break, by hand)"))
 	}
 }
 
