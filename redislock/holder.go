@@ -44,13 +44,13 @@ type Holder struct {
 	releasing, gone bool
 }
 
-// newHolder returns the holder of a confirmed acquire.
-func (f *Factory) newHolder(ctx context.Context, name string, k keys, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
+// newHolder returns the holder of a's acquire, which Redis confirmed with r.
+func (f *Factory) newHolder(a *attempt, r reply) *Holder {
 	h := &Holder{
-		f: f, name: name, k: k, id: id, ls: ls, token: a.token, opts: o,
-		ctx: context.WithoutCancel(ctx), start: a.sent, state: backend.NewState(), auto: renew,
+		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls, token: r.token, opts: a.o,
+		ctx: context.WithoutCancel(a.ctx), start: r.sent, state: backend.NewState(), auto: a.renew,
 	}
-	h.confirmLocked(a.sent)
+	h.confirmLocked(r.sent)
 	return h
 }
 

@@ -283,7 +283,7 @@ func TestGrantToGoneWaiter(t *testing.T) {
 	_, gotB := acquireAsync(t, ctx, testenv.RedisAddr(), name, DefaultTTL)
 	waitQueued(t, f, name, 1)
 	k := keysFor(testPrefix, name)
-	keep := fa.hub.addMutex(k.channel, newID()) // keeps fa subscribed
+	keep, _ := fa.hub.join(fa.hub.own, k.channel, newID()) // keeps fa subscribed
 	defer keep.Close()
 	waitFor(t, 10*time.Second, "fa subscribed", fa.hub.isReady)
 	// Put the gone id first in the queue.

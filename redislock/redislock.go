@@ -15,7 +15,7 @@ package redislock
 import (
 	"cmp"
 	"context"
-	"encoding/json"
+	_ "embed"
 	"errors"
 	"fmt"
 	"net"
@@ -157,31 +157,9 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 	return backend.Locker(&f.cfg, opts, f.Acquire)
 }
 
-// lease holds what an acquisition needs of its call's options.
-type lease struct {
-	ttl    time.Duration
-	margin time.Duration // the holder gives up this long before the server's expiry
-	limit  int
-	meta   string // owner and metadata as stored for Inspect
-	shared bool   // WithShared: a reader, kept like a semaphore permit
-	wait   bool   // WithWait
-}
-
-// permit reports whether the holder is a member of the name's slots (a
-// semaphore permit or a reader) rather than the mutex's value.
-func (ls lease) permit() bool { return ls.limit > 1 || ls.shared }
-
 // resolve applies a call's options over the factory's.
 func (f *Factory) resolve(name string, opts []Option) (lock.Options, error) {
 	return f.cfg.Resolve(name, opts, checkOptions)
-}
-
-// leaseOf turns resolved options into the lease of one acquisition.
-func (f *Factory) leaseOf(o *lock.Options) lease {
-	ttl := cmp.Or(o.TTL, DefaultTTL).Truncate(time.Millisecond) // what Redis stores
-	// A string and a map of strings always marshal.
-	m, _ := json.Marshal(meta{Owner: cmp.Or(o.Owner, f.owner), Metadata: o.Metadata})
-	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: string(m), shared: o.Shared, wait: o.Wait}
 }
 
 // probe fails when Redis does not answer (the Client interface has no
@@ -193,85 +171,21 @@ func (f *Factory) probe(ctx context.Context) error {
 	return nil
 }
 
-// attempt is the outcome of one run of the acquire script.
-type attempt struct {
-	status int // 1 acquired, 0 locked, -1 limit mismatch
-	token  uint64
-	pttl   time.Duration
-	limit  int
-	sent   time.Time
-}
-
-// take runs the acquire script until it gets the lock, or with WithWait
-// until ctx ends (see wait.go for how a waiter is woken). Every attempt of
-// one call uses the same id.
+// take runs attempts (try) through backend.Wait until one gets the lock,
+// fails, or with WithWait until ctx ends; wait.go says how a waiter is
+// woken. A waiter that ends without the lock leaves the name's queue.
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew bool) (*Holder, time.Duration, error) {
 	if f.isClosed() {
 		return nil, 0, lock.ErrClosed
 	}
-	k := keysFor(o.KeyPrefix, name)
-	ls := f.leaseOf(o)
-	id := newID()
-	var w *waiter
-	if o.Wait && !ls.permit() {
-		// In the hub before the first look, so that a grant is not missed.
-		w = f.hub.addMutex(k.channel, id)
-		w.leave = func() { f.leaveQueue(ctx, k, id, ls, w) }
-		defer w.Close()
+	a := f.newAttempt(ctx, name, o, renew)
+	// The wait counts from the first contention (a.waited), not from the
+	// subscription, which a mutex waiter makes before its first look.
+	h, _, err := backend.Wait(ctx, a.waiting(), a.try)
+	if h == nil {
+		a.leave()
 	}
-	// Others in this process wait already for the semaphore: queue behind
-	// them rather than overtake them. The release that frees a permit
-	// wakes the first of them, and each in turn.
-	queued := o.Wait && ls.permit() && f.hub.waiting(k.channel) > 0
-	return backend.Wait(ctx, backend.Waiting{
-		Wait: o.Wait, Locked: ErrLocked, Closed: f.closing,
-		// A release grants a mutex or wakes a semaphore's first waiter;
-		// every look that finds the name held bounds the next by a lease
-		// (the attempt's hint), so a holder or granted waiter that died is
-		// noticed within one; maxPoll caps it.
-		MinPoll: maxPoll, MaxPoll: maxPoll,
-		Queued: queued,
-		Subscribe: func() (backend.Subscription, error) {
-			if w != nil {
-				w.skip = w.joined
-				return w, nil
-			}
-			var ahead int
-			w, ahead = f.hub.join(k.channel)
-			if queued && ahead == 0 {
-				signal(w) // those it queued behind are gone: its turn
-			}
-			return w, nil
-		},
-	}, func() (*Holder, time.Duration, error) {
-		if err := ctx.Err(); err != nil {
-			return nil, 0, err
-		}
-		a, err := f.look(ctx, k, id, ls, w)
-		switch {
-		case err != nil:
-			return nil, 0, err
-		case a.status == 0:
-			return nil, a.pttl, ErrLocked
-		case a.status < 0:
-			return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, name, a.limit, ls.limit)
-		}
-		h := f.newHolder(ctx, name, k, id, ls, o, a, renew)
-		if !f.rn.add(h) {
-			h.Release()
-			return nil, 0, lock.ErrClosed
-		}
-		if f.replicaAck() > 0 {
-			if err := f.confirm(ctx, h); err != nil {
-				h.Release()
-				return nil, 0, err
-			}
-		}
-		if w != nil {
-			w.acquired = true
-		}
-		return h, 0, nil
-	})
+	return h, a.waited(), err
 }
 
 // unreachable has a cluster client reload its map of the cluster after a
@@ -283,89 +197,6 @@ func (f *Factory) unreachable(err error) {
 	if cc, ok := f.c.(*redis.ClusterClient); ok && errors.As(err, &ne) {
 		cc.ReloadState(context.Background())
 	}
-}
-
-// try runs the acquire script once. A mutex waiter passes its factory's
-// channel ch to join the name's queue.
-func (f *Factory) try(ctx context.Context, k keys, id string, ls lease, ch string) (attempt, error) {
-	a := attempt{sent: time.Now()}
-	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(id)}
-	var cmd *redis.Cmd
-	switch {
-	case ls.shared:
-		wait := "0"
-		if ls.wait {
-			wait = "1"
-		}
-		cmd = sharedAcquire.Run(ctx, f.c, append(kl, k.rwait), semID(id), ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds(), wait)
-	case ls.limit == 1:
-		cmd = mutexAcquire.Run(ctx, f.c, kl, id, ls.ttl.Milliseconds(), ls.meta, tokenRetention.Milliseconds(), ch)
-	default:
-		cmd = semAcquire.Run(ctx, f.c, kl, semID(id), ls.ttl.Milliseconds(), ls.limit, ls.meta, tokenRetention.Milliseconds())
-	}
-	res, err := cmd.Result()
-	if err != nil {
-		f.unreachable(err)
-		f.abandon(ctx, k, id, ls)
-		return a, fmt.Errorf("redislock: acquire: %w", err)
-	}
-	arr, ok := res.([]any)
-	if !ok { // acquired: the reply is the token
-		tok, err := toUint(res)
-		if err != nil || tok == 0 {
-			return a, fmt.Errorf("redislock: acquire: bad reply %v", res)
-		}
-		a.status, a.token = 1, tok
-		return a, nil
-	}
-	if len(arr) < 2 {
-		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
-	}
-	st, _ := toInt(arr[0])
-	a.status = int(st)
-	switch a.status {
-	case 0:
-		ms, _ := toInt(arr[1])
-		a.pttl = time.Duration(ms) * time.Millisecond
-		if ms < 0 {
-			// A key without expiry (an operator's SET): when it ends is
-			// unknown, so poll at the longest interval.
-			a.pttl = maxPoll
-		}
-	case -1:
-		lim, _ := toInt(arr[1])
-		a.limit = int(lim)
-	case -2: // the id has a tombstone: not from a live attempt
-		return a, fmt.Errorf("redislock: acquire: attempt already given up")
-	default:
-		return a, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
-	}
-	return a, nil
-}
-
-// abandon cleans up after an attempt that failed without a reply: the
-// script may have run, or run in part, and its reply been lost, or it may
-// still be on its way. So it releases the lock by the attempt's id (unique,
-// so this cannot touch anyone else's), which also writes the id's
-// tombstone. It runs in the background, bounded by its own timeout: the
-// caller's ctx may be over, and a server that does not answer would
-// otherwise keep the caller waiting for that long. Close waits for it.
-func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
-	f.mu.Lock()
-	tracked := !f.closed // Close may be waiting on wg already
-	if tracked {
-		f.wg.Add(1)
-	}
-	f.mu.Unlock()
-	go func() {
-		if tracked {
-			defer f.wg.Done()
-		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
-		defer cancel()
-		s, keys, args := f.releaseCall(k, id, ls)
-		s.Run(cctx, f.c, keys, args...)
-	}()
 }
 
 func (f *Factory) isClosed() bool {
@@ -411,22 +242,4 @@ func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 		h := hs[i]
 		return f.releaseCall(h.k, h.id, h.ls)
 	})
-}
-
-// confirm waits until the lock h was just given reached the factory's
-// WithReplicaAck replicas: an extend and a WAIT in one pipeline on the
-// name's primary (extendOnce). Replication keeps the primary's order, so
-// the acknowledgement of the extend covers the acquire or hand-off before
-// it.
-func (f *Factory) confirm(ctx context.Context, h *Holder) error {
-	ctx, cancel := context.WithTimeout(ctx, h.ls.ttl/3)
-	defer cancel()
-	v, err := h.extendOnce(ctx)
-	switch {
-	case err != nil:
-		return fmt.Errorf("redislock: acquire %q: %w", h.name, err)
-	case v != 1:
-		return fmt.Errorf("redislock: acquire %q: %w before it reached the replicas", h.name, ErrLockLost)
-	}
-	return nil
 }

@@ -272,19 +272,18 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "x")
-	k := keysFor(testPrefix, name)
-	ls := f.leaseOf(&f.cfg.Options)
-	id := newID()
-	a1, err1 := f.try(ctx, k, id, ls, "")
-	a2, err2 := f.try(ctx, k, id, ls, "")
-	if err1 != nil || err2 != nil || a1.status != 1 || a2.status != 1 || a1.token != a2.token {
-		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", a1, err1, a2, err2)
+	a := f.newAttempt(ctx, name, &f.cfg.Options, false)
+	k := a.k
+	r1, err1 := a.run("")
+	r2, err2 := a.run("")
+	if err1 != nil || err2 != nil || r1.status != 1 || r2.status != 1 || r1.token != r2.token {
+		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", r1, err1, r2, err2)
 	}
-	other := newID()
-	if a3, err := f.try(ctx, k, other, ls, ""); err != nil || a3.status != 0 || a3.pttl <= 0 {
-		t.Fatalf("another id: %+v %v; want locked with the lease left", a3, err)
+	other := f.newAttempt(ctx, name, &f.cfg.Options, false)
+	if r3, err := other.run(""); err != nil || r3.status != 0 || r3.retry <= 0 {
+		t.Fatalf("another id: %+v %v; want locked with the lease left", r3, err)
 	}
-	s, keys, args := f.releaseCall(k, id, ls)
+	s, keys, args := f.releaseCall(k, a.id, a.ls)
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}
