@@ -164,14 +164,15 @@ func parseReply(res any) (reply, error) {
 }
 
 // admit registers the holder of a confirmed acquire before it is handed
-// out: renewal and loss watching (the factory's renewer), and with
-// WithReplicaAck the replicas' acknowledgement.
+// out: renewal and loss watching (the factory's renewer), WithMaxHold,
+// and with WithReplicaAck the replicas' acknowledgement.
 func (a *attempt) admit(r reply) (*Holder, time.Duration, error) {
 	h := a.f.newHolder(a, r)
 	if !a.f.rn.add(h) {
 		h.Release()
 		return nil, 0, lock.ErrClosed
 	}
+	h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
 	if a.f.replicaAck() > 0 {
 		if err := a.replicate(h); err != nil {
 			h.Release()

@@ -154,7 +154,11 @@ func isClosed(ch <-chan struct{}) bool {
 // stall makes h behave like a holder whose process is paused: its own
 // clock no longer runs for it (no renewal, no deadline), while the lock
 // runs out on the server.
-func stall(h *Holder) { h.f.rn.remove(h) }
+func stall(h *Holder) {
+	h.f.rn.mu.Lock()
+	defer h.f.rn.mu.Unlock()
+	h.f.rn.dropLocked(h)
+}
 
 // numsub reports how many connections are subscribed to ch.
 func numsub(t testing.TB, rdb *redis.Client, ch string) int64 {

@@ -229,6 +229,7 @@ func (f *Factory) Close() error {
 	}
 	closedErr := fmt.Errorf("%w: %w", ErrLockLost, lock.ErrClosed)
 	for _, h := range held {
+		h.left.Store(false) // freed above, or left to its lease
 		h.lose(closedErr)
 	}
 	f.hub.close()
