@@ -27,7 +27,7 @@ type attempt struct {
 	renew bool
 	early bool      // it waits in the hub from before its first look (see subscribe)
 	w     *waiter   // its place in the hub, once it waits
-	held  time.Time // when a look first found the name held: the wait began
+	since time.Time // when a try first found the name held: the wait began
 }
 
 func (f *Factory) newAttempt(ctx context.Context, name string, o *lock.Options, renew bool) *attempt {
@@ -49,50 +49,49 @@ type reply struct {
 }
 
 // try is one attempt (backend.Wait's): the lock, or on contention
-// ErrLocked and when to look again.
+// ErrLocked and when to look again. A mutex waiter joins the name's queue
+// in Redis by it once its factory's subscription is confirmed, so that
+// its grant is heard; the grant finds it there, and its next try finds
+// the name its own.
 func (a *attempt) try() (*Holder, time.Duration, error) {
 	if err := a.ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	r, err := a.look()
+	ch := ""
+	if a.mutexWaiter() && a.f.hub.isReady() {
+		ch = a.f.hub.own
+	}
+	r, err := a.run(ch)
 	switch {
 	case err != nil:
 		return nil, 0, err
 	case r.status == 0:
-		if a.held.IsZero() {
-			a.held = time.Now()
-		}
-		return nil, r.retry, ErrLocked
+		return nil, a.held(r, ch != ""), ErrLocked
 	case r.status < 0:
 		return nil, 0, fmt.Errorf("redislock: %w: %q is held with limit %d, caller asked for %d", lock.ErrLimitMismatch, a.name, r.limit, a.ls.limit)
 	}
 	return a.admit(r)
 }
 
-// look runs the acquire script once. A mutex waiter joins the name's
-// queue in Redis by it once the factory's subscription is confirmed, so
-// that a grant is heard; a grant finds it there, and its next look finds
-// the name its own.
-func (a *attempt) look() (reply, error) {
-	mutexWaiter := a.w != nil && !a.ls.permit()
-	ch := ""
-	if mutexWaiter && a.f.hub.isReady() {
-		ch = a.f.hub.own
+// mutexWaiter reports whether the attempt waits in a mutex's queue.
+func (a *attempt) mutexWaiter() bool { return a.w != nil && !a.ls.permit() }
+
+// held records a try that found the name held, and that queued the
+// attempt if it did, and returns when to look again.
+func (a *attempt) held(r reply, queued bool) time.Duration {
+	if a.since.IsZero() {
+		a.since = time.Now()
 	}
-	r, err := a.run(ch)
-	if err != nil || r.status != 0 {
-		return r, err
-	}
-	r.retry = max(r.retry, time.Millisecond)
-	if mutexWaiter {
+	retry := max(r.retry, time.Millisecond)
+	if a.mutexWaiter() {
 		// Also within its own lease: a waiter ahead of it may be granted
 		// the name and die, and hold it that long.
-		r.retry = min(r.retry, a.ls.ttl)
-		if ch != "" {
-			a.f.hub.queued(a.w)
-		}
+		retry = min(retry, a.ls.ttl)
 	}
-	return r, nil
+	if queued {
+		a.f.hub.queued(a.w)
+	}
+	return retry
 }
 
 // run sends the acquire script of the attempt's kind; ch is the channel
@@ -200,13 +199,13 @@ func (a *attempt) replicate(h *Holder) error {
 	return nil
 }
 
-// waited is how long the call waited for another holder: since a look
+// waited is how long the call waited for another holder: since a try
 // first found the name held.
 func (a *attempt) waited() time.Duration {
-	if a.held.IsZero() {
+	if a.since.IsZero() {
 		return 0
 	}
-	return time.Since(a.held)
+	return time.Since(a.since)
 }
 
 // abandon cleans up after an attempt that failed without a reply: the

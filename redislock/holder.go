@@ -31,28 +31,14 @@ type Holder struct {
 	// gone) or Close freed it; a loss removes what is left (free).
 	left atomic.Bool
 
-	// Guarded by f.rn.mu.
-	auto     bool      // renewed by the factory's loop
-	tracked  bool      // in the loop's set: held as far as the holder knows
-	inflight bool      // a renewal is on its way
-	renewErr error     // the last renewal's failure (reported once), nil after a success
-	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
-	renewAt  time.Time // a renewal pass from this time on takes this holder along
-	renewBy  time.Time // the loop wakes up to renew it at this time
-	// releasing: Release's script is on its way and its reply decides. A
-	// loss found meanwhile (a renewal or Extend that finds the lock gone
-	// may have run after the release on the server; WithMaxHold) is kept
-	// in found instead, for a release that gets no reply. The lease
-	// deadline and Close do not wait (see renewer.loop and drain).
-	releasing bool
-	found     error
+	tracking // the renewer's, guarded by f.rn.mu
 }
 
 // newHolder returns the holder of a's acquire, which Redis confirmed with r.
 func (f *Factory) newHolder(a *attempt, r reply) *Holder {
 	h := &Holder{
 		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls, token: r.token, opts: a.o,
-		ctx: context.WithoutCancel(a.ctx), start: r.sent, state: backend.NewState(), auto: a.renew,
+		ctx: context.WithoutCancel(a.ctx), start: r.sent, state: backend.NewState(), tracking: tracking{auto: a.renew},
 	}
 	h.left.Store(true)
 	h.confirmLocked(r.sent)
@@ -201,7 +187,7 @@ func (h *Holder) extend(ctx context.Context) error {
 // given to State.Bound), a renewal, Extend, Release or Close. Done closes
 // and renewal stops in one step (an Extend from then on returns err),
 // unless a Release is on its way, whose reply then decides (see
-// Holder.releasing). The loss is reported once, and a key it may have
+// tracking.releasing). The loss is reported once, and a key it may have
 // left is removed if it is still the holder's, so that a successor need
 // not wait out the lease.
 func (h *Holder) lose(err error) {

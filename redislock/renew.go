@@ -28,6 +28,24 @@ type renewer struct {
 	wakeAt  time.Time // when the loop wakes up next by itself
 }
 
+// tracking is what the renewer knows of a holder, guarded by its mu.
+type tracking struct {
+	auto     bool      // renewed by the factory's loop
+	tracked  bool      // in the loop's set: held as far as the holder knows
+	inflight bool      // a renewal is on its way
+	renewErr error     // the last renewal's failure (reported once), nil after a success
+	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
+	renewAt  time.Time // a renewal pass from this time on takes this holder along
+	renewBy  time.Time // the loop wakes up to renew it at this time
+	// releasing: Release's script is on its way and its reply decides. A
+	// loss found meanwhile (a renewal or Extend that finds the lock gone
+	// may have run after the release on the server; WithMaxHold) is kept
+	// in found instead, for a release that gets no reply. The lease
+	// deadline and Close do not wait (see loop and drain).
+	releasing bool
+	found     error
+}
+
 // add starts tracking h. It reports false once the factory is closed.
 func (r *renewer) add(h *Holder) bool {
 	r.mu.Lock()
@@ -97,7 +115,7 @@ func (r *renewer) released(h *Holder, answered bool) error {
 
 // lose ends h's state with err and stops tracking it, in one step under
 // r.mu, unless a Release is on its way: err is then kept for it (see
-// Holder.releasing). It reports whether h's state took the loss (not if
+// tracking.releasing). It reports whether h's state took the loss (not if
 // h had ended already).
 func (r *renewer) lose(h *Holder, err error) bool {
 	r.mu.Lock()
