@@ -322,7 +322,7 @@ func TestUnrenewedLeaseEnds(t *testing.T) {
 	if !errors.Is(h.Err(), ErrLockLost) {
 		t.Fatalf("Err = %v", h.Err())
 	}
-	waitFor(t, 5*time.Second, "key of the ended lease removed", func() bool {
+	testenv.Eventually(t, 5*time.Second, "key of the ended lease removed", func() bool {
 		n, _ := rdb.Exists(ctx, h.k.lock).Result()
 		return n == 0
 	})
@@ -389,7 +389,7 @@ func TestCloseCleansUp(t *testing.T) {
 		_, err := f.Acquire(ctx, name, WithWait())
 		errc <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
+	testenv.Eventually(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
 	f.Close()
 	<-errc
 	if n, _ := rdb.Exists(ctx, h.k.lock).Result(); n != 0 {
@@ -427,7 +427,7 @@ func TestWaitFIFOInProcess(t *testing.T) {
 			mu.Unlock()
 			w.Release()
 		}()
-		waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
+		testenv.Eventually(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
 	}
 	h.Release()
 	wg.Wait()
