@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // Break frees a mutex whose holder is paused: a waiter gets it with a
@@ -42,7 +43,7 @@ func TestBreakMutex(t *testing.T) {
 			}
 			got <- w
 		}()
-		waitFor(t, 10*time.Second, "the waiter queued", func() bool {
+		testenv.Eventually(t, 10*time.Second, "the waiter queued", func() bool {
 			v, _ := rdb.Get(ctx, keysFor(testPrefix, name).lock).Result()
 			return strings.Count(v, "\n") == i+1
 		})

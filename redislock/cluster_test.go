@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // startCluster runs a one-node Redis Cluster that owns every slot: enough to
@@ -27,7 +28,7 @@ func startCluster(t *testing.T) (*redis.ClusterClient, string) {
 	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
 		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
 	}
-	waitFor(t, 30*time.Second, "cluster state ok", func() bool {
+	testenv.Eventually(t, 30*time.Second, "cluster state ok", func() bool {
 		info, _ := admin.ClusterInfo(ctx).Result()
 		return strings.Contains(info, "cluster_state:ok")
 	})
@@ -159,7 +160,7 @@ func startClusterOf(t *testing.T, per int) (masters, reps []*server) {
 		}
 	}
 	known := "cluster_known_nodes:" + strconv.Itoa(n)
-	waitFor(t, 30*time.Second, "the cluster's nodes meet", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the cluster's nodes meet", func() bool {
 		for _, a := range admins {
 			info, _ := a.ClusterInfo(ctx).Result()
 			if !strings.Contains(info, known) {
@@ -177,7 +178,7 @@ func startClusterOf(t *testing.T, per int) (masters, reps []*server) {
 			t.Fatalf("CLUSTER REPLICATE: %v", err)
 		}
 	}
-	waitFor(t, 30*time.Second, "the cluster ok", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the cluster ok", func() bool {
 		for i, a := range admins {
 			info, _ := a.ClusterInfo(ctx).Result()
 			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_assigned:16384") {
@@ -479,7 +480,7 @@ func TestClusterFailover(t *testing.T) {
 	promoted := func(s *server) {
 		t.Helper()
 		rdb := dial(t, s.addr())
-		waitFor(t, 60*time.Second, s.addr()+" promoted and the cluster ok", func() bool {
+		testenv.Eventually(t, 60*time.Second, s.addr()+" promoted and the cluster ok", func() bool {
 			repl, _ := rdb.Info(ctx, "replication").Result()
 			info, _ := rdb.ClusterInfo(ctx).Result()
 			return strings.Contains(repl, "role:master") && strings.Contains(info, "cluster_state:ok")
@@ -526,7 +527,7 @@ func TestClusterFailover(t *testing.T) {
 	for _, h := range all {
 		var h2 *Holder
 		var tries []error
-		waitFor(t, 30*time.Second, "Acquire of "+h.Name()+" after the failovers", func() bool {
+		testenv.Eventually(t, 30*time.Second, "Acquire of "+h.Name()+" after the failovers", func() bool {
 			var err error
 			if h2, err = g.Acquire(ctx, h.Name(), WithWait()); err != nil {
 				tries = append(tries, err)
@@ -589,7 +590,7 @@ func TestClusterReplicaAck(t *testing.T) {
 	without := onDead(plain, "plain")
 	masters[0].kill()
 	r0, r1 := dial(t, replicas[0].addr()), dial(t, replicas[3].addr())
-	waitFor(t, 60*time.Second, "a replica promoted", func() bool {
+	testenv.Eventually(t, 60*time.Second, "a replica promoted", func() bool {
 		for _, rdb := range []*redis.Client{r0, r1} {
 			repl, _ := rdb.Info(ctx, "replication").Result()
 			info, _ := rdb.ClusterInfo(ctx).Result()

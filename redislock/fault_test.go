@@ -250,7 +250,7 @@ func TestSIGSTOPWaiterAcrossGrant(t *testing.T) {
 			t.Fatal(err)
 		}
 		w := startChild(t, "stop-waiter", "TestSIGSTOPWaiterAcrossGrant", name)
-		waitFor(t, 10*time.Second, "the child queued", queued(1))
+		testenv.Eventually(t, 10*time.Second, "the child queued", queued(1))
 		got := make(chan *Holder, 1)
 		go func() {
 			o, err := testFactory(t, rdb, WithTTL(ttl)).Acquire(ctx, name, WithWait())
@@ -259,7 +259,7 @@ func TestSIGSTOPWaiterAcrossGrant(t *testing.T) {
 			}
 			got <- o
 		}()
-		waitFor(t, 10*time.Second, "the other waiter queued behind the child", queued(2))
+		testenv.Eventually(t, 10*time.Second, "the other waiter queued behind the child", queued(2))
 
 		testenv.Pause(t, w.p)
 		h.Release() // grants the name to the stopped child
@@ -272,7 +272,7 @@ func TestSIGSTOPWaiterAcrossGrant(t *testing.T) {
 		}
 		// The child looks again and queues behind o, or (the bug) takes
 		// its stale grant; o holds on a while either way.
-		waitFor(t, 10*time.Second, "the resumed child queued behind the other holder, or took the name", func() bool {
+		testenv.Eventually(t, 10*time.Second, "the resumed child queued behind the other holder, or took the name", func() bool {
 			return len(w.lines) > 0 || queued(1)()
 		})
 		time.Sleep(ttl)
@@ -404,7 +404,7 @@ func TestClientPauseHolderGivesUp(t *testing.T) {
 		t.Fatalf("EXISTS during the pause = %d, %v; the server should still hold the key", n, err)
 	}
 	admin.Do(ctx, "CLIENT", "UNPAUSE")
-	waitFor(t, 10*time.Second, "key removed after the pause", func() bool {
+	testenv.Eventually(t, 10*time.Second, "key removed after the pause", func() bool {
 		n, _ := admin.Exists(ctx, h.k.lock).Result()
 		return n == 0
 	})
@@ -515,11 +515,11 @@ func TestPubSubConnectionKilled(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, f.hub.own) == 1 })
+	testenv.Eventually(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, admin, f.hub.own) == 1 })
 	if n, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result(); err != nil || n != 1 {
 		t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
 	}
-	waitFor(t, 10*time.Second, "waiter subscribed again", func() bool { return numsub(t, admin, f.hub.own) == 1 })
+	testenv.Eventually(t, 10*time.Second, "waiter subscribed again", func() bool { return numsub(t, admin, f.hub.own) == 1 })
 	h.Release()
 	select {
 	case err := <-got:
@@ -598,14 +598,14 @@ func TestWaiterCancelLeavesNothing(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
+	testenv.Eventually(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
 	cancel()
 	err = <-got
 	if !errors.Is(err, ErrLocked) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait = %v; want ErrLocked and context.Canceled", err)
 	}
-	waitFor(t, 10*time.Second, "unsubscribed", func() bool { return numsub(t, rdb, f.hub.own) == 0 })
-	waitFor(t, 10*time.Second, "idle pub/sub connection closed", func() bool {
+	testenv.Eventually(t, 10*time.Second, "unsubscribed", func() bool { return numsub(t, rdb, f.hub.own) == 0 })
+	testenv.Eventually(t, 10*time.Second, "idle pub/sub connection closed", func() bool {
 		list, _ := rdb.ClientList(context.Background()).Result()
 		for _, line := range strings.Split(list, "\n") {
 			// A pub/sub connection: subscribed (flags=P), or last used
@@ -724,7 +724,7 @@ func TestSIGKILLWaitingWriter(t *testing.T) {
 	if l := c.line(); l != "waiting" {
 		t.Fatalf("child said %q", l)
 	}
-	waitFor(t, 30*time.Second, "the child writer queued", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the child writer queued", func() bool {
 		info, err := f.Inspect(ctx, name)
 		if err != nil {
 			t.Fatal(err)

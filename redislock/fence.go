@@ -15,7 +15,7 @@ import (
 // Fence is a lock.Fence kept in Redis: one string key per fenced key,
 // <prefix>fence/{<escaped key>}, holding the highest accepted token in
 // decimal. RejectIfStale is one script (lua/fence.lua), so the compare and
-// the record are one atomic step on the server, and one round trip; Set
+// the record are one atomic step on the server, and one round trip; Apply
 // runs the same script with a data key, so a write goes with them.
 //
 // The records have no expiry, on purpose: a fence that forgot its highest
@@ -76,7 +76,7 @@ func (s *store) key(kind, key string) string {
 // one cluster slot.
 func (f *Fence) Key(key string) string { return f.st.key("fence/", key) }
 
-// DataKey returns <prefix>data/{<escaped key>}<suffix>: a key for Set's
+// DataKey returns <prefix>data/{<escaped key>}<suffix>: a key for Apply's
 // data with the hash tag of key's fence record, apart from every lock,
 // fence and ledger key.
 func (f *Fence) DataKey(key, suffix string) string { return f.st.key("data/", key) + suffix }
@@ -91,7 +91,7 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 	return f.run(ctx, key, token, "", nil)
 }
 
-// Set is RejectIfStale and SET dataKey value in the same script: the write
+// Apply is RejectIfStale and SET dataKey value in the same script: the write
 // happens, together with the record of token, only if token is not stale,
 // so no newer holder's write can come between the check and it. A stale
 // token returns an error matching lock.ErrStaleToken and leaves dataKey
@@ -104,8 +104,8 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 // of redislock's own keys for key (its fence and ledger records, the lock's
 // keys), gets an error matching lock.ErrInvalidOption, on a cluster or not.
 //
-//	err := fence.Set(ctx, "exports/today", h.Token(), fence.DataKey("exports/today", ""), data)
-func (f *Fence) Set(ctx context.Context, key string, token uint64, dataKey string, value any) error {
+//	err := fence.Apply(ctx, "exports/today", h.Token(), fence.DataKey("exports/today", ""), data)
+func (f *Fence) Apply(ctx context.Context, key string, token uint64, dataKey string, value any) error {
 	if dataKey == "" {
 		return fmt.Errorf("redislock: %w: empty data key for %q", lock.ErrInvalidOption, key)
 	}
@@ -124,7 +124,7 @@ func hashTag(key string) string {
 	return key
 }
 
-// dataKeyOK reports whether dataKey may hold Set's data for key: it has
+// dataKeyOK reports whether dataKey may hold Apply's data for key: it has
 // the hash tag of key's fence record and is none of the keys redislock
 // keeps for key (the record itself, the ledger record, the lock's keys).
 func (f *Fence) dataKeyOK(key, dataKey string) bool {

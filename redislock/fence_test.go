@@ -183,10 +183,10 @@ func TestFenceStaleWriter(t *testing.T) {
 		}})
 }
 
-// Fence.Set writes its data key only with a token that is not stale, in
+// Fence.Apply writes its data key only with a token that is not stale, in
 // the step that records the token: a stale write is refused and leaves the
 // data as it was, an equal token is accepted, token 0 is never.
-func TestFenceSet(t *testing.T) {
+func TestFenceApply(t *testing.T) {
 	prefix := storePrefix(t)
 	rdb := newClient(t)
 	ctx := ctxT(t)
@@ -204,19 +204,19 @@ func TestFenceSet(t *testing.T) {
 		}
 		return v
 	}
-	if err := f.Set(ctx, name, 0, data, "zero"); !errors.Is(err, lock.ErrStaleToken) || get() != "" {
+	if err := f.Apply(ctx, name, 0, data, "zero"); !errors.Is(err, lock.ErrStaleToken) || get() != "" {
 		t.Fatalf("token 0: %v, data %q; want ErrStaleToken and nothing written", err, get())
 	}
-	if err := f.Set(ctx, name, 7, data, "by 7"); err != nil || get() != "by 7" {
+	if err := f.Apply(ctx, name, 7, data, "by 7"); err != nil || get() != "by 7" {
 		t.Fatalf("token 7: %v, data %q", err, get())
 	}
-	if err := f.Set(ctx, name, 6, data, "by 6"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7" {
+	if err := f.Apply(ctx, name, 6, data, "by 6"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7" {
 		t.Fatalf("stale token 6: %v, data %q; want ErrStaleToken and the data of 7", err, get())
 	}
 	if v, _ := rdb.Get(ctx, f.Key(name)).Result(); v != "7" {
 		t.Fatalf("fence record %q after the stale write, want 7", v)
 	}
-	if err := f.Set(ctx, name, 7, data, "by 7 again"); err != nil || get() != "by 7 again" {
+	if err := f.Apply(ctx, name, 7, data, "by 7 again"); err != nil || get() != "by 7 again" {
 		t.Fatalf("equal token 7: %v, data %q", err, get())
 	}
 	// Set and RejectIfStale share the record: a RejectIfStale of 9 makes
@@ -224,14 +224,14 @@ func TestFenceSet(t *testing.T) {
 	if err := f.RejectIfStale(ctx, name, 9); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Set(ctx, name, 8, data, "by 8"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7 again" {
+	if err := f.Apply(ctx, name, 8, data, "by 8"); !errors.Is(err, lock.ErrStaleToken) || get() != "by 7 again" {
 		t.Fatalf("token 8 after 9: %v, data %q", err, get())
 	}
 	// A data key of another slot, or one of redislock's own keys for the
 	// name, is refused before anything is sent.
 	own := []string{f.Key(name), NewLedger(rdb, WithKeyPrefix(prefix)).Key(name), keysFor(prefix, name).lock, keysFor(prefix, name).token}
 	for _, k := range append([]string{prefix + "data/" + name, f.DataKey("other", ""), ""}, own...) {
-		if err := f.Set(ctx, name, 10, k, "x"); !errors.Is(err, lock.ErrInvalidOption) {
+		if err := f.Apply(ctx, name, 10, k, "x"); !errors.Is(err, lock.ErrInvalidOption) {
 			t.Errorf("data key %q: %v, want ErrInvalidOption", k, err)
 		}
 	}
@@ -240,7 +240,7 @@ func TestFenceSet(t *testing.T) {
 	}
 	// A key of one's own with the tag is accepted.
 	mine := "objects/{" + backend.Escape(name) + "}"
-	if err := f.Set(ctx, name, 10, mine, "mine"); err != nil {
+	if err := f.Apply(ctx, name, 10, mine, "mine"); err != nil {
 		t.Fatal(err)
 	}
 	rdb.Del(ctx, mine)

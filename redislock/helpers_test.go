@@ -130,18 +130,6 @@ func (s *server) kill() {
 
 func (s *server) stop() { s.kill() }
 
-// waitFor polls cond every few milliseconds until it holds, failing after d.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -154,7 +142,11 @@ func isClosed(ch <-chan struct{}) bool {
 // stall makes h behave like a holder whose process is paused: its own
 // clock no longer runs for it (no renewal, no deadline), while the lock
 // runs out on the server.
-func stall(h *Holder) { h.f.rn.remove(h) }
+func stall(h *Holder) {
+	h.f.rn.mu.Lock()
+	defer h.f.rn.mu.Unlock()
+	h.f.rn.dropLocked(h)
+}
 
 // numsub reports how many connections are subscribed to ch.
 func numsub(t testing.TB, rdb *redis.Client, ch string) int64 {

@@ -26,31 +26,22 @@ type Holder struct {
 	state *backend.State
 	relMu sync.Mutex // one Release at a time
 
-	// dirty: the holder was declared lost by its own clock and its key
-	// may still be on the server; a later Release removes it.
-	dirty atomic.Bool
+	// left: the holder's key may still be in Redis. Cleared once Redis
+	// answered for it (a release, or a renewal or Extend that found it
+	// gone) or Close freed it; a loss removes what is left (free).
+	left atomic.Bool
 
-	// Guarded by f.rn.mu.
-	auto     bool      // renewed by the factory's loop
-	tracked  bool      // in the loop's set: held as far as the holder knows
-	inflight bool      // a renewal is on its way
-	renewErr error     // the last renewal's failure (reported once), nil after a success
-	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
-	renewAt  time.Time // a renewal pass from this time on takes this holder along
-	renewBy  time.Time // the loop wakes up to renew it at this time
-	// releasing: Release's script is on its way and its reply decides. A
-	// renewal or Extend that finds the lock gone meanwhile may have run
-	// after the release on the server, so it sets gone instead of losing h.
-	releasing, gone bool
+	tracking // the renewer's, guarded by f.rn.mu
 }
 
-// newHolder returns the holder of a confirmed acquire.
-func (f *Factory) newHolder(ctx context.Context, name string, k keys, id string, ls lease, o *lock.Options, a attempt, renew bool) *Holder {
+// newHolder returns the holder of a's acquire, which Redis confirmed with r.
+func (f *Factory) newHolder(a *attempt, r reply) *Holder {
 	h := &Holder{
-		f: f, name: name, k: k, id: id, ls: ls, token: a.token, opts: o,
-		ctx: context.WithoutCancel(ctx), start: a.sent, state: backend.NewState(), auto: renew,
+		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls, token: r.token, opts: a.o,
+		ctx: context.WithoutCancel(a.ctx), start: r.sent, state: backend.NewState(), tracking: tracking{auto: a.renew},
 	}
-	h.confirmLocked(a.sent)
+	h.left.Store(true)
+	h.confirmLocked(r.sent)
 	return h
 }
 
@@ -118,12 +109,8 @@ func (h *Holder) Release() error {
 	h.relMu.Lock()
 	defer h.relMu.Unlock()
 	if h.state.Ended() {
-		if h.dirty.Load() {
-			ctx, cancel := h.releaseContext()
-			if h.releaseScript(ctx) == nil {
-				h.dirty.Store(false)
-			}
-			cancel()
+		if h.left.Load() {
+			h.free() // what the loss could not remove
 		}
 		return h.state.Err()
 	}
@@ -132,32 +119,28 @@ func (h *Holder) Release() error {
 	ctx, cancel := h.releaseContext()
 	defer cancel()
 	v, err := h.runRelease(ctx).Int64()
-	if err != nil {
+	found := h.f.rn.released(h, err == nil)
+	switch {
+	case err != nil:
 		err = fmt.Errorf("redislock: release %q: %w", h.name, err)
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Err: err})
-		if h.f.rn.releaseFailed(h) {
-			// A renewal or Extend found the lock gone while this release
-			// was on its way, and the release cannot say whether it was
-			// the one that removed it. The finding stands, as it would
-			// have without the release: lost now, not at the deadline.
-			h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))
-			return h.state.Err()
+		if found == nil {
+			return err // still held as far as it knows: its deadline decides
 		}
-		return err
-	}
-	h.f.rn.remove(h)
-	if v != 1 {
+		// A loss was found while this release was on its way, and the
+		// release cannot say whether it was the one that removed the
+		// lock. The finding stands, as it would have without the release.
+		h.lose(found)
+	case v != 1:
+		h.left.Store(false)
 		h.lose(fmt.Errorf("%w: no longer held at release", ErrLockLost))
-		return h.state.Err()
-	}
-	if h.state.End() {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Held: time.Since(h.start)})
+	default:
+		h.left.Store(false)
+		if h.state.End() {
+			backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.name, Token: h.token, Latency: time.Since(start), Held: time.Since(h.start)})
+		}
 	}
 	return h.state.Err()
-}
-
-func (h *Holder) releaseScript(ctx context.Context) error {
-	return h.runRelease(ctx).Err()
 }
 
 // Extend renews the lease for another TTL, in one round trip. Once the
@@ -184,41 +167,45 @@ func (h *Holder) extend(ctx context.Context) error {
 		return fmt.Errorf("redislock: extend %q: %w", h.name, err)
 	}
 	if v != 1 {
-		if !h.f.rn.foundGone(h) {
-			return fmt.Errorf("%w: released", ErrLockLost)
-		}
+		h.left.Store(false)
 		h.lose(fmt.Errorf("%w: no longer held at extend", ErrLockLost))
-		return h.state.Err()
-	}
-	if !h.f.rn.confirm(h, sent) {
+	} else if !h.f.rn.confirm(h, sent) {
 		// The holder gave the lock up (lost by its deadline, released or
 		// closed) while the extend was on its way: do not keep it.
-		ctx, cancel := h.releaseContext()
-		h.releaseScript(ctx)
-		cancel()
-		if err := h.state.Err(); err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: released", ErrLockLost)
+		h.free()
+	} else {
+		return nil
 	}
-	return nil
+	if err := h.state.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: released", ErrLockLost)
 }
 
-// lose ends the holder with err, which matches ErrLockLost.
+// lose ends the holder with err, which matches ErrLockLost, whoever found
+// the loss: the lease deadline (expire), WithMaxHold (it is the callback
+// given to State.Bound), a renewal, Extend, Release or Close. Done closes
+// and renewal stops in one step (an Extend from then on returns err),
+// unless a Release is on its way, whose reply then decides (see
+// tracking.releasing). The loss is reported once, and a key it may have
+// left is removed if it is still the holder's, so that a successor need
+// not wait out the lease.
 func (h *Holder) lose(err error) {
-	if h.state.Lose(err) {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.start), Err: err})
+	if !h.f.rn.lose(h, err) {
+		return
+	}
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.name, Token: h.token, Held: time.Since(h.start), Err: err})
+	if h.left.Load() {
+		h.free()
 	}
 }
 
 // expire runs when the holder's lease deadline passed without a confirmed
-// acquire or renewal. The holder stops at once — Done closes while the
+// acquire or renewal. The holder is lost at once — Done closes while the
 // server still holds the key for at least the margin — and then removes
-// the key if Redis can be reached, so a successor need not wait out the
-// rest of the TTL.
+// the key if Redis can be reached.
 func (h *Holder) expire() {
 	defer h.f.wg.Done()
-	h.dirty.Store(true)
 	h.f.rn.mu.Lock()
 	cause := h.renewErr
 	h.f.rn.mu.Unlock()
@@ -229,31 +216,14 @@ func (h *Holder) expire() {
 		err = fmt.Errorf("%w: last renewal: %v", err, cause)
 	}
 	h.lose(err)
-	h.cleanup()
 }
 
-// endHold is WithMaxHold's end (see backend.State.Bound): renewal stops,
-// the holder is lost with err at once, then its key is removed if it is
-// still the holder's, so the lease does not linger for a TTL.
-// A Release on its way decides, as with a renewal (see releasing).
-func (h *Holder) endHold(err error) {
-	h.relMu.Lock()
-	defer h.relMu.Unlock()
-	if h.state.Ended() {
-		return // released or lost first
-	}
-	h.dirty.Store(true)
-	h.lose(err) // first: an Extend from now on returns err
-	h.f.rn.remove(h)
-	h.cleanup()
-}
-
-// cleanup removes the holder's key, if it is still the holder's.
-func (h *Holder) cleanup() {
+// free removes the holder's key, if it is still the holder's.
+func (h *Holder) free() {
 	ctx, cancel := h.releaseContext()
 	defer cancel()
-	if h.releaseScript(ctx) == nil {
-		h.dirty.Store(false)
+	if h.runRelease(ctx).Err() == nil {
+		h.left.Store(false)
 	}
 }
 

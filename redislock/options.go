@@ -1,10 +1,14 @@
 package redislock
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/backend"
 )
 
 // Option configures the factory (defaults) or one call (overrides). The
@@ -89,3 +93,59 @@ func WithLogger(l *slog.Logger) Option { return lock.WithLogger(l) }
 
 // WithObserver sets the metrics and tracing hook.
 func WithObserver(obs lock.Observer) Option { return lock.WithObserver(obs) }
+
+func checkTTL(d time.Duration) error {
+	if d != 0 && d < MinTTL {
+		return fmt.Errorf("%w: WithTTL(%v) is below the minimum of %v", lock.ErrInvalidOption, d, MinTTL)
+	}
+	return nil
+}
+
+func checkOptions(o *lock.Options) error {
+	if err := checkTTL(o.TTL); err != nil {
+		return err
+	}
+	return checkPrefix(o.KeyPrefix)
+}
+
+// checkPrefix refuses a prefix whose first '{' is followed at once by '}':
+// Redis Cluster hashes such a key whole, not by the name's tag after it,
+// so the keys of one name would fall in different slots (CROSSSLOT).
+func checkPrefix(prefix string) error {
+	if i := strings.IndexByte(prefix, '{'); i >= 0 && strings.HasPrefix(prefix[i:], "{}") {
+		return fmt.Errorf("%w: WithKeyPrefix(%q): an empty hash tag {} first in the key would spread a name's keys over cluster slots", lock.ErrInvalidOption, prefix)
+	}
+	return nil
+}
+
+// ErrNotReplicated: fewer replicas than WithReplicaAck asks for
+// acknowledged a lock's write in time. An Acquire that gets it has
+// released what it took; a renewal that gets it is retried, and the
+// holder's deadline decides.
+var ErrNotReplicated = errors.New("redislock: lock not acknowledged by enough replicas")
+
+type replicaAckKey struct{}
+
+// WithReplicaAck makes every write that takes or renews a lock wait until n
+// replicas of its primary acknowledged it (Redis WAIT, on the same
+// connection, for a bounded time that the guide's Options section gives),
+// and count only then: an Acquire returns once the lock
+// is on n replicas, and a holder's deadline moves only with renewals that
+// reached them. This narrows the window in which a failover to a replica
+// that missed the lock admits a second holder; it does not close it (a
+// replica can acknowledge and still not be the one promoted; Redis
+// replication stays asynchronous). An Acquire costs one more round trip.
+// Needs a *redis.Client (a primary, or a Sentinel failover client) or a
+// *redis.ClusterClient. Factory option.
+func WithReplicaAck(n int) Option {
+	if n < 1 {
+		return func(o *lock.Options) { o.Invalid(fmt.Sprintf("redislock.WithReplicaAck(%d): need at least 1", n)) }
+	}
+	return backend.Value(backendName, "WithReplicaAck", replicaAckKey{}, n)
+}
+
+// replicaAck is the factory's WithReplicaAck, 0 if not given.
+func (f *Factory) replicaAck() int {
+	n, _ := f.cfg.Options.Value(replicaAckKey{}).(int)
+	return n
+}

@@ -28,7 +28,7 @@ const (
 // waitQueued waits until Inspect counts n waiters queued for name.
 func waitQueued(t *testing.T, f *Factory, name string, n int) {
 	t.Helper()
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d waiters queued", n), func() bool {
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d waiters queued", n), func() bool {
 		info, err := f.Inspect(ctx0(), name)
 		return err == nil && info.Waiting == n
 	})
@@ -194,7 +194,7 @@ func TestSIGKILLWaiterAtHead(t *testing.T) {
 			_, got := acquireAsync(t, ctx, testenv.RedisAddr(), name, queueTTL)
 			waitQueued(t, f, name, 2)
 			c.p.Kill()
-			waitFor(t, 10*time.Second, "dead child unsubscribed", func() bool { return numsub(t, rdb, ch) == 0 })
+			testenv.Eventually(t, 10*time.Second, "dead child unsubscribed", func() bool { return numsub(t, rdb, ch) == 0 })
 			h.Release()
 			released := time.Now()
 			select {
@@ -283,9 +283,9 @@ func TestGrantToGoneWaiter(t *testing.T) {
 	_, gotB := acquireAsync(t, ctx, testenv.RedisAddr(), name, DefaultTTL)
 	waitQueued(t, f, name, 1)
 	k := keysFor(testPrefix, name)
-	keep := fa.hub.addMutex(k.channel, newID()) // keeps fa subscribed
+	keep, _ := fa.hub.join(fa.hub.own, k.channel, newID()) // keeps fa subscribed
 	defer keep.Close()
-	waitFor(t, 10*time.Second, "fa subscribed", fa.hub.isReady)
+	testenv.Eventually(t, 10*time.Second, "fa subscribed", fa.hub.isReady)
 	// Put the gone id first in the queue.
 	gone := newID()
 	v, err := rdb.Get(ctx, k.lock).Result()

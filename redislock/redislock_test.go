@@ -272,19 +272,18 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	f := testFactory(t, rdb)
 	ctx := ctxT(t)
 	name := uniq(t, "x")
-	k := keysFor(testPrefix, name)
-	ls := f.leaseOf(&f.cfg.Options)
-	id := newID()
-	a1, err1 := f.try(ctx, k, id, ls, "")
-	a2, err2 := f.try(ctx, k, id, ls, "")
-	if err1 != nil || err2 != nil || a1.status != 1 || a2.status != 1 || a1.token != a2.token {
-		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", a1, err1, a2, err2)
+	a := f.newAttempt(ctx, name, &f.cfg.Options, false)
+	k := a.k
+	r1, err1 := a.run("")
+	r2, err2 := a.run("")
+	if err1 != nil || err2 != nil || r1.status != 1 || r2.status != 1 || r1.token != r2.token {
+		t.Fatalf("first %+v %v, again %+v %v; want the same token twice", r1, err1, r2, err2)
 	}
-	other := newID()
-	if a3, err := f.try(ctx, k, other, ls, ""); err != nil || a3.status != 0 || a3.pttl <= 0 {
-		t.Fatalf("another id: %+v %v; want locked with the lease left", a3, err)
+	other := f.newAttempt(ctx, name, &f.cfg.Options, false)
+	if r3, err := other.run(""); err != nil || r3.status != 0 || r3.retry <= 0 {
+		t.Fatalf("another id: %+v %v; want locked with the lease left", r3, err)
 	}
-	s, keys, args := f.releaseCall(k, id, ls)
+	s, keys, args := f.releaseCall(k, a.id, a.ls)
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}
@@ -323,7 +322,7 @@ func TestUnrenewedLeaseEnds(t *testing.T) {
 	if !errors.Is(h.Err(), ErrLockLost) {
 		t.Fatalf("Err = %v", h.Err())
 	}
-	waitFor(t, 5*time.Second, "key of the ended lease removed", func() bool {
+	testenv.Eventually(t, 5*time.Second, "key of the ended lease removed", func() bool {
 		n, _ := rdb.Exists(ctx, h.k.lock).Result()
 		return n == 0
 	})
@@ -390,7 +389,7 @@ func TestCloseCleansUp(t *testing.T) {
 		_, err := f.Acquire(ctx, name, WithWait())
 		errc <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
+	testenv.Eventually(t, 10*time.Second, "waiter subscribed", func() bool { return numsub(t, rdb, f.hub.own) == 1 })
 	f.Close()
 	<-errc
 	if n, _ := rdb.Exists(ctx, h.k.lock).Result(); n != 0 {
@@ -428,7 +427,7 @@ func TestWaitFIFOInProcess(t *testing.T) {
 			mu.Unlock()
 			w.Release()
 		}()
-		waitFor(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
+		testenv.Eventually(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
 	}
 	h.Release()
 	wg.Wait()

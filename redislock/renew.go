@@ -28,6 +28,24 @@ type renewer struct {
 	wakeAt  time.Time // when the loop wakes up next by itself
 }
 
+// tracking is what the renewer knows of a holder, guarded by its mu.
+type tracking struct {
+	auto     bool      // renewed by the factory's loop
+	tracked  bool      // in the loop's set: held as far as the holder knows
+	inflight bool      // a renewal is on its way
+	renewErr error     // the last renewal's failure (reported once), nil after a success
+	deadline time.Time // last confirmed send + ttl - margin: lost when it passes
+	renewAt  time.Time // a renewal pass from this time on takes this holder along
+	renewBy  time.Time // the loop wakes up to renew it at this time
+	// releasing: Release's script is on its way and its reply decides. A
+	// loss found meanwhile (a renewal or Extend that finds the lock gone
+	// may have run after the release on the server; WithMaxHold) is kept
+	// in found instead, for a release that gets no reply. The lease
+	// deadline and Close do not wait (see loop and drain).
+	releasing bool
+	found     error
+}
+
 // add starts tracking h. It reports false once the factory is closed.
 func (r *renewer) add(h *Holder) bool {
 	r.mu.Lock()
@@ -41,7 +59,6 @@ func (r *renewer) add(h *Holder) bool {
 	}
 	r.holders[h] = struct{}{}
 	h.tracked = true
-	h.state.Bound(h.opts, ErrLockLost, nil, h.endHold)
 	switch {
 	case !r.running:
 		r.running = true
@@ -72,48 +89,45 @@ func (r *renewer) holds(id string) bool {
 	return false
 }
 
-// remove stops tracking h: it was released or found lost.
-func (r *renewer) remove(h *Holder) {
-	r.mu.Lock()
-	r.dropLocked(h)
-	r.mu.Unlock()
-}
-
 // stopRenewing keeps h's deadline but renews it no more: it is being
 // released, and the release's reply decides whether it was lost.
 func (r *renewer) stopRenewing(h *Holder) {
 	r.mu.Lock()
 	h.auto = false
-	h.releasing, h.gone = true, false
+	h.releasing, h.found = true, nil
 	r.mu.Unlock()
 }
 
-// releaseFailed ends h's release without a reply. It reports whether a
-// renewal or Extend found the lock gone meanwhile; h is then no longer
-// tracked. Otherwise h stays as it was, renewed no more: its deadline
-// decides.
-func (r *renewer) releaseFailed(h *Holder) bool {
+// released ends h's release, answered or not, and returns the loss found
+// while it was on its way, if any. h is no longer tracked once the release
+// was answered or a loss found; otherwise it stays as it was, renewed no
+// more: its deadline decides.
+func (r *renewer) released(h *Holder, answered bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	h.releasing = false
-	if !h.gone {
-		return false
+	found := h.found
+	h.releasing, h.found = false, nil
+	if answered || found != nil {
+		r.dropLocked(h)
 	}
-	r.dropLocked(h)
-	return true
+	return found
 }
 
-// foundGone records that an Extend found h's lock gone. It reports whether h
-// is lost by it: not while a release is on its way (see Holder.releasing).
-func (r *renewer) foundGone(h *Holder) bool {
+// lose ends h's state with err and stops tracking it, in one step under
+// r.mu, unless a Release is on its way: err is then kept for it (see
+// tracking.releasing). It reports whether h's state took the loss (not if
+// h had ended already).
+func (r *renewer) lose(h *Holder, err error) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if h.releasing {
-		h.gone = true
+		if h.found == nil {
+			h.found = err
+		}
 		return false
 	}
 	r.dropLocked(h)
-	return true
+	return h.state.Lose(err)
 }
 
 // dropLocked stops tracking h. r.mu is held.
@@ -143,7 +157,9 @@ func (r *renewer) drain() []*Holder {
 	r.closed = true
 	var hs []*Holder
 	for h := range r.holders {
-		h.tracked = false
+		// Close does not wait for a Release's reply either: it frees
+		// the key itself.
+		h.tracked, h.releasing = false, false
 		hs = append(hs, h)
 	}
 	clear(r.holders)
@@ -181,7 +197,9 @@ func (r *renewer) loop() {
 		for h := range r.holders {
 			if !now.Before(h.deadline) {
 				delete(r.holders, h)
-				h.tracked = false
+				// The deadline does not wait for a Release's reply: the
+				// holder stops before Redis can free the key.
+				h.tracked, h.releasing = false, false
 				expired = append(expired, h)
 				continue
 			}
@@ -392,11 +410,9 @@ func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch
 		case v == 1:
 			// Extended on the server after the holder gave the lock up.
 			stray = append(stray, h)
-		case h.releasing:
-			h.gone = true // Release decides (see Holder.releasing)
 		case h.tracked:
-			delete(r.holders, h)
-			h.tracked = false
+			h.auto = false // lost below, unless a Release on its way decides
+			h.left.Store(false)
 			lost = append(lost, h)
 		}
 	}

@@ -1,9 +1,16 @@
 package redislock
 
 import (
+	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/ubgo/lock/backend"
 )
 
 // The Lua scripts, in lua/. Every operation is one script so that it is one
@@ -76,3 +83,194 @@ var (
 	inspectScript = redis.NewScript(inspectSrc)
 	fenceScript   = redis.NewScript(fenceSrc)
 )
+
+// keys are the Redis keys and channel of one name, all tagged with
+// {<escaped name>} so that they share a cluster slot. tomb is the prefix
+// of its tombstone keys, one per given-up id (see tombOf); rwait marks
+// that readers wait for the name (see lua/shared_acquire.lua).
+type keys struct {
+	lock, token, slots, permits, channel, tomb, rwait string
+}
+
+func keysFor(prefix, name string) keys {
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	return keysOfEscaped(prefix, backend.Escape(name))
+}
+
+// keysOfEscaped is keysFor for a name known by its escaped form (List).
+func keysOfEscaped(prefix, esc string) keys {
+	return keysOfBase(prefix + "{" + esc + "}:")
+}
+
+// keysOfBase is keysFor for the common start of a name's keys,
+// "<prefix>{<escaped name>}:" (a grant names the lock key).
+func keysOfBase(base string) keys {
+	return keys{
+		lock: base + "lock", token: base + "token", slots: base + "slots",
+		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
+		rwait: base + "rwait",
+	}
+}
+
+// list is the keys every semaphore script takes.
+func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
+
+// tombOf is the tombstone key of the acquisition with this id: written when
+// the id is released or its failed attempt cleaned up, it stops the id's
+// acquire script from taking the name if it runs only afterwards (a request
+// delayed on its way past the client's timeout, or a copy of one the client
+// retried).
+func (k keys) tombOf(id string) string { return k.tomb + semID(id) }
+
+// releaseCall is the script, keys and arguments that release the lock,
+// reader or permit with this id (a mutex, or a name its last reader
+// leaves, to its first waiter) and write its tombstone, for one TTL.
+func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
+	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
+	if ls.limit == 1 {
+		heard := "0"
+		if f.together.Load() {
+			heard = "1"
+		}
+		mode := ""
+		if ls.shared {
+			id, mode = semID(id), "s"
+		}
+		return mutexRelease, []string{k.lock, tomb, k.token, k.slots, k.permits, k.rwait}, []any{id, ttl, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds(), k.channel, mode}
+	}
+	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
+}
+
+// extendCall is the script, keys and arguments that extend a holder of
+// lease ls by its TTL.
+func extendCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
+	if !ls.permit() {
+		return mutexExtend, []string{k.lock}, []any{id, ls.ttl.Milliseconds()}
+	}
+	return semExtend, k.list(), []any{semID(id), ls.ttl.Milliseconds()}
+}
+
+func toInt(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("unexpected %T", v)
+}
+
+func toUint(v any) (uint64, error) {
+	switch x := v.(type) {
+	case int64:
+		if x < 0 {
+			return 0, fmt.Errorf("negative")
+		}
+		return uint64(x), nil
+	case string:
+		return strconv.ParseUint(x, 10, 64)
+	}
+	return 0, fmt.Errorf("unexpected %T", v)
+}
+
+// newID returns a random id, unique per acquisition, in the form a mutex
+// value starts with: 32 hex digits and a ':'.
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:]) + ":"
+}
+
+// semID is id as a semaphore permit id, without the ':'.
+func semID(id string) string { return id[:len(id)-1] }
+
+// meta is what is stored with a holder for Inspect.
+type meta struct {
+	Owner    string            `json:"owner,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// pipeScripts runs n scripts, call(i), in one pipeline, falling back to
+// EVAL for a server that lost its script cache.
+func pipeScripts(ctx context.Context, c Client, n int, call func(i int) (*redis.Script, []string, []any)) []*redis.Cmd {
+	return pipeScriptsAcked(ctx, c, n, call, 0)
+}
+
+// pipeScriptsAcked is pipeScripts followed, if ack > 0, by a WAIT for ack
+// replicas in the same pipeline (see WithReplicaAck): a script whose
+// writes fewer replicas acknowledged fails with ErrNotReplicated.
+func pipeScriptsAcked(ctx context.Context, c Client, n int, call func(i int) (*redis.Script, []string, []any), ack int) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	pipe := c.Pipeline()
+	for i := range n {
+		s, k, a := call(i)
+		cmds[i] = pipe.EvalSha(ctx, s.Hash(), k, a...)
+	}
+	w := queueWait(ctx, pipe, c, ack)
+	pipe.Exec(ctx)
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		pipe := c.Pipeline()
+		for _, i := range again {
+			s, k, a := call(i)
+			cmds[i] = s.Eval(ctx, pipe, k, a...)
+		}
+		w = queueWait(ctx, pipe, c, ack)
+		pipe.Exec(ctx)
+	}
+	if err := w(); err != nil {
+		for _, cmd := range cmds {
+			if cmd.Err() == nil {
+				cmd.SetErr(err)
+			}
+		}
+	}
+	return cmds
+}
+
+// queueWait queues a WAIT for ack replicas on pipe if ack > 0, and returns
+// the check of its reply to run after Exec. WAIT counts the writes of its
+// own connection, so c must be one server's client: a cluster client
+// would send it to any node.
+func queueWait(ctx context.Context, pipe redis.Pipeliner, c Client, ack int) func() error {
+	if ack <= 0 {
+		return func() error { return nil }
+	}
+	if _, ok := c.(*redis.Client); !ok {
+		return func() error { return fmt.Errorf("%w: no single primary to ask (%T)", ErrNotReplicated, c) }
+	}
+	wait := time.Second
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d)/2)
+	}
+	wait = max(wait, time.Millisecond) // WAIT 0 would block for ever
+	cmd := pipe.Do(ctx, "WAIT", ack, wait.Milliseconds())
+	return func() error {
+		n, err := cmd.Int64()
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: WAIT: %v", ErrNotReplicated, err)
+		case n < int64(ack):
+			return fmt.Errorf("%w: %d of %d within %v", ErrNotReplicated, n, ack, wait)
+		}
+		return nil
+	}
+}
+
+// primary is the client of the server that holds key: on a cluster its
+// slot's master, else the factory's client.
+func (f *Factory) primary(ctx context.Context, key string) Client {
+	if cc, ok := f.c.(*redis.ClusterClient); ok {
+		if node, err := cc.MasterForKey(ctx, key); err == nil {
+			return node
+		}
+	}
+	return f.c
+}

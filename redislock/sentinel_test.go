@@ -54,7 +54,7 @@ func sentinelSetup(t *testing.T) (sentinels []string, primary, replica *server) 
 	primary = startServer(t)
 	replica = startServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.port))
 	rep := dial(t, replica.addr())
-	waitFor(t, 30*time.Second, "the replica in sync", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the replica in sync", func() bool {
 		info, _ := rep.Info(context.Background(), "replication").Result()
 		return strings.Contains(info, "master_link_status:up")
 	})
@@ -64,7 +64,7 @@ func sentinelSetup(t *testing.T) (sentinels []string, primary, replica *server) 
 	for _, addr := range sentinels {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
 		t.Cleanup(func() { sc.Close() })
-		waitFor(t, 30*time.Second, "the sentinels know each other and the replica", func() bool {
+		testenv.Eventually(t, 30*time.Second, "the sentinels know each other and the replica", func() bool {
 			m, err := sc.Master(context.Background(), sentinelMaster).Result()
 			if err != nil || m["num-other-sentinels"] != "2" || m["num-slaves"] != "1" {
 				return false
@@ -123,7 +123,7 @@ func TestSentinelFailover(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 30*time.Second, "the waiter queued", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the waiter queued", func() bool {
 		info, err := f.Inspect(ctx, w.Name())
 		return err == nil && info.Waiting == 1
 	})
@@ -146,7 +146,7 @@ func TestSentinelFailover(t *testing.T) {
 	replicated := func(s *server) {
 		t.Helper()
 		rdb := dial(t, s.addr())
-		waitFor(t, 30*time.Second, "the lock on the replica", func() bool {
+		testenv.Eventually(t, 30*time.Second, "the lock on the replica", func() bool {
 			return rdb.Exists(context.Background(), h.k.lock).Val() == 1
 		})
 	}
@@ -156,7 +156,7 @@ func TestSentinelFailover(t *testing.T) {
 	if err := sc.Failover(ctx, sentinelMaster).Err(); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
-	waitFor(t, 60*time.Second, "the replica promoted", func() bool { return primaryPort(t, sentinels[0]) == replica.port })
+	testenv.Eventually(t, 60*time.Second, "the replica promoted", func() bool { return primaryPort(t, sentinels[0]) == replica.port })
 	if n := keptOrLost(t, "after SENTINEL FAILOVER", g, []*Holder{h}, 3*ttl); n > 0 {
 		t.Fatalf("two holders at once after SENTINEL FAILOVER")
 	}
@@ -165,7 +165,7 @@ func TestSentinelFailover(t *testing.T) {
 		replicated(primary) // the old primary is the replica now
 	}
 	replica.kill()
-	waitFor(t, 60*time.Second, "the old primary promoted again", func() bool { return primaryPort(t, sentinels[0]) == primary.port })
+	testenv.Eventually(t, 60*time.Second, "the old primary promoted again", func() bool { return primaryPort(t, sentinels[0]) == primary.port })
 	if n := keptOrLost(t, "after the new primary was killed", g, []*Holder{h}, 3*ttl); n > 0 {
 		t.Fatalf("two holders at once after the new primary was killed")
 	}

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // waitJoined returns once a mutex waiter of f joined the queue of name
 // (or, for readers, waits on its channel).
 func waitJoined(t *testing.T, f *Factory, name string, n int) {
 	t.Helper()
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d waiters on %q", n, name), func() bool {
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d waiters on %q", n, name), func() bool {
 		return f.hub.waiting(keysFor(testPrefix, name).channel) >= n
 	})
 }

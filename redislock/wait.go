@@ -14,41 +14,46 @@ import (
 	"github.com/ubgo/lock/backend"
 )
 
-// Waiting. A mutex waiter joins the name's queue in Redis, kept in the
-// lock's value (see lua/mutex_acquire.lua), and a release hands the name
-// to the first waiter in the same script: it sets the lock to the
-// waiter's id, with a fresh lease and the next token, and publishes the
-// id and token on the waiter's factory channel. Each factory has one such
-// channel (hub.own), subscribed on its one pub/sub connection while it has
-// waiters (and lingerTime after), whatever names they wait for, so one
-// release wakes one waiter of one process, and nobody can overtake the
-// queue. A waiter joins only once the server confirmed that subscription
-// (hub.ready); the confirmation, and the one after a reconnect, make every
-// waiter of the factory look again: one that was granted the name while
-// the connection was down finds it is its own, one that was skipped
-// (nobody listened) joins again. A grant for an id the factory no longer
-// waits for or holds (a waiter that gave up, a copy of its attempt that
-// queued late) is released at once, to the next waiter.
+// The waiting model. Every waiting Acquire is a waiter in its factory's
+// hub, which is the backend.Subscription that backend.Wait sleeps on:
+// each wake-up makes one look (attempt.try), and every look that finds
+// the name held says when to look again at the latest (within the lease
+// of whoever holds it, or is queued ahead, and maxPoll), so a waiter
+// never depends on a wake-up alone. What wakes it depends on what it
+// waits for:
 //
-// Every look that finds the name held tells the waiter when to look
-// again: within its own TTL, and once queued no later than the end of the
-// holder's lease. So a waiter never depends on a wake alone: a holder
-// that is killed, or a waiter granted the name and killed, is followed
-// within one lease. A grant only wakes the waiter: it takes the name by
-// its next look, which finds its own id in the lock and renews the lease.
-// A grant read late (the waiter's process was paused, or the message was
-// slow) may have run out and the name passed on; only Redis can say, so
-// the grant is never taken as the lock by itself.
+//   - A mutex waiter joins the name's queue in Redis, kept in the lock's
+//     value (lua/mutex_acquire.lua), and a release grants the name to the
+//     first waiter in the same script: it sets the lock to the waiter's
+//     id, with a fresh lease and the next token, and publishes the grant
+//     on the waiter's factory channel (hub.own: one per factory, on its
+//     one pub/sub connection, while it has waiters and lingerTime after).
+//     One release wakes one waiter of one process, and nobody overtakes
+//     the queue. The waiter is in the hub before its first look, so no
+//     grant is missed, and joins the queue only once the server confirmed
+//     the subscription (hub.ready); that confirmation, and the one after a
+//     reconnect, make every mutex waiter of the factory look again: one
+//     granted the name while the connection was down finds it its own,
+//     one skipped (nobody listened) joins again. A grant only wakes the
+//     waiter: it takes the name by its next look, which finds its own id
+//     in the lock and renews the lease. A grant read late (the process was
+//     paused, the message slow) may have run out and the name passed on;
+//     only Redis can say, so a grant is never taken as the lock by itself.
+//     A grant for an id the factory neither waits for nor holds (a waiter
+//     that gave up, a copy of its attempt that queued late) is released at
+//     once, to the next waiter.
+//   - A semaphore or shared waiter is woken by a release published on the
+//     name's channel, which the factory subscribes to while its callers
+//     wait for the name; it wakes the first of them (FIFO within the
+//     process), which looks again, and the ones behind it get their turn
+//     when it takes a permit (another may be free) or gives up. The
+//     server's confirmation of the subscription wakes the first waiter
+//     too (go-redis sends SUBSCRIBE without waiting for the reply, so the
+//     look may have come first).
 //
-// Semaphores keep the wake of before: their release publishes on the
-// name's channel, and the factory, subscribed to the channels of the
-// names its callers wait for, wakes the first of its waiters of the name
-// (FIFO within the process), which retries; the ones behind it get their
-// turn when it takes a permit (another may be free) or gives up. A new
-// subscription, and the re-subscription after a reconnect, wakes the
-// first waiter of its channel once the server confirms it (go-redis sends
-// SUBSCRIBE without waiting for the reply, so the look may have come
-// first).
+// The guide says why the two kinds wait differently. A waiter's state is
+// the hub's, under hub.mu; what one Acquire knows is its attempt's, on
+// its waiting goroutine.
 type hub struct {
 	f   *Factory
 	own string // this factory's channel, for the grants to its mutex waiters
@@ -64,88 +69,73 @@ type hub struct {
 	closed bool
 }
 
-// waiter is one waiting Acquire's place in the queue of its channel.
+// waiter is one waiting Acquire's place in the hub, in the list of the
+// channel it is woken on.
 type waiter struct {
 	h    *hub
-	ch   string
-	key  string        // the name's channel, which identifies the name
-	id   string        // a mutex waiter's id ("<id>:")
+	ch   string        // the channel it is woken on: hub.own for a mutex waiter, else the name's
+	name string        // the name's channel, which identifies the name
+	id   string        // a mutex waiter's id ("<id>:"), which its grant names
 	wake chan struct{} // buffered 1
-	// leave runs once the waiter is done without the lock, if set.
-	leave func()
-	// Guarded by h.mu (joined is written on the waiting goroutine, which
-	// reads it without).
-	joined bool // a look put it in the name's queue in Redis
-	done   bool
-	// On the waiting goroutine only.
-	// skip: the look before Subscribe queued it while the factory was
-	// subscribed already, so the look backend.Wait makes right after
-	// Subscribe (for a release in between) is not needed: a grant wakes it.
-	skip bool
-	hint time.Duration // the hint of the last look
-	// acquired: the wait ended with the lock, set by the attempt that got
-	// it (on the waiting goroutine, before Close).
-	acquired bool
+
+	// Guarded by h.mu.
+	queued bool // a look put it in the name's queue in Redis (a mutex waiter)
+	done   bool // out of the hub
 }
 
-// Wake returns the channel a release of the name, or the server's
-// confirmation of the subscription, sends on.
+// Wake returns the channel a grant or a release of the name, or the
+// server's confirmation of the subscription, sends on.
 func (w *waiter) Wake() <-chan struct{} { return w.wake }
 
-// Close takes the waiter out of the queue. It may be called more than
-// once.
-func (w *waiter) Close() {
-	if w.h.leave(w) && w.leave != nil && !w.acquired {
-		w.leave()
+// Close takes the waiter out of the hub. It may be called more than once.
+func (w *waiter) Close() { w.h.leave(w) }
+
+// waiting is how the attempt waits (see the model above): it subscribes
+// before its first look if early, else at its first contention.
+func (a *attempt) waiting() backend.Waiting {
+	return backend.Waiting{
+		Wait: a.o.Wait, Locked: ErrLocked, Closed: a.f.closing,
+		// Every look that finds the name held bounds the next (its
+		// retry), so a holder or granted waiter that died is noticed
+		// within a lease; maxPoll caps it.
+		MinPoll: maxPoll, MaxPoll: maxPoll,
+		Queued: a.early, Subscribe: a.subscribe,
 	}
 }
 
-// look is one attempt of take. A mutex waiter w joins the name's queue
-// once the factory's subscription is confirmed; a grant finds it there,
-// and its next look finds the name its own. On contention a.pttl says
-// when to look again.
-func (f *Factory) look(ctx context.Context, k keys, id string, ls lease, w *waiter) (attempt, error) {
-	if w == nil || ls.permit() {
-		a, err := f.try(ctx, k, id, ls, "")
-		a.pttl = max(a.pttl, time.Millisecond)
-		return a, err
+// subscribe puts the attempt's waiter in the hub. One that subscribes
+// before its first look (early) makes that look at once, by a wake of its
+// own, unless it queues behind permit waiters of this process: their turn
+// passes to it.
+func (a *attempt) subscribe() (backend.Subscription, error) {
+	ch, id := a.k.channel, ""
+	if !a.ls.permit() {
+		ch, id = a.f.hub.own, a.id
 	}
-	if w.skip {
-		// A grant since the look that queued it left a wake: the wait
-		// looks again at once.
-		w.skip = false
-		return attempt{pttl: w.hint}, nil
+	var ahead int
+	a.w, ahead = a.f.hub.join(ch, a.k.channel, id)
+	if a.early && (!a.ls.permit() || ahead == 0) {
+		signal(a.w)
 	}
-	ch := ""
-	if f.hub.isReady() {
-		ch = f.hub.own
-	}
-	a, err := f.try(ctx, k, id, ls, ch)
-	if err == nil && a.status == 0 {
-		// Also within its own lease: a waiter ahead of it may be granted
-		// the name and die, and hold it that long.
-		a.pttl = min(max(a.pttl, time.Millisecond), ls.ttl)
-		f.hub.looked(w, a.pttl, ch != "")
-	}
-	return a, err
+	return a.w, nil
 }
 
-// leaveQueue runs when the mutex waiter w is done without the lock. If it
-// joined the name's queue, the release script for its id takes it out,
-// and if a release granted it the name meanwhile, passes the name on to
-// the next waiter: one script, before Acquire returns (the caller may try
-// again at once), bounded like the probe of a wait that ran out. Without
-// an answer it is left to the background, as after a failed attempt.
-func (f *Factory) leaveQueue(ctx context.Context, k keys, id string, ls lease, w *waiter) {
-	if !w.joined {
+// leave runs when the attempt ends without the lock. If a look put its
+// mutex waiter in the name's queue, the release script for its id takes
+// it out, and if a release granted it the name meanwhile, passes the name
+// on to the next waiter: one script, before Acquire returns (the caller
+// may try again at once), bounded like the probe of a wait that ran out.
+// Without an answer it is left to abandon.
+func (a *attempt) leave() {
+	if a.w == nil || !a.f.hub.inQueue(a.w) {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backend.Grace)
-	s, keys, args := f.releaseCall(k, id, ls)
-	err := s.Run(cctx, f.c, keys, args...).Err()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), backend.Grace)
+	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls)
+	err := s.Run(ctx, a.f.c, keys, args...).Err()
 	cancel()
 	if err != nil {
-		f.abandon(ctx, k, id, ls)
+		a.f.abandon(a.ctx, a.k, a.id, a.ls)
 	}
 }
 
@@ -165,38 +155,23 @@ func signal(w *waiter) {
 	}
 }
 
-// join queues a semaphore or reader waiter on ch and subscribes to ch if
-// this process did not listen on it yet. ahead is the number of waiters
-// queued before it.
-func (h *hub) join(ch string) (w *waiter, ahead int) {
-	w = &waiter{h: h, ch: ch, key: ch, wake: make(chan struct{}, 1)}
-	return w, h.add(w)
-}
-
-// addMutex adds the waiter of a mutex acquisition, id, on the name whose
-// channel is key, to the factory's own channel; leave runs if it ends
-// without the lock after it joined the name's queue.
-func (h *hub) addMutex(key, id string) *waiter {
-	w := &waiter{h: h, ch: h.own, key: key, id: id, wake: make(chan struct{}, 1)}
-	h.add(w)
-	return w
-}
-
-// add queues w on its channel and subscribes if needed; it returns the
-// number of waiters ahead of it.
-func (h *hub) add(w *waiter) int {
+// join adds a waiter on channel ch for the name whose channel is name
+// (id: a mutex waiter's) and subscribes to ch if this process did not
+// listen on it yet. ahead is the number of waiters on ch before it.
+func (h *hub) join(ch, name, id string) (w *waiter, ahead int) {
+	w = &waiter{h: h, ch: ch, name: name, id: id, wake: make(chan struct{}, 1)}
 	h.mu.Lock()
 	if h.chans == nil {
 		h.chans = map[string][]*waiter{}
 	}
-	ws, listening := h.chans[w.ch]
-	h.chans[w.ch] = append(ws, w)
+	ws, listening := h.chans[ch]
+	h.chans[ch] = append(ws, w)
 	closed := h.closed
 	h.mu.Unlock()
 	if !listening && !closed {
 		h.sync()
 	}
-	return len(ws)
+	return w, len(ws)
 }
 
 // isReady reports whether a mutex waiter may join a queue in Redis: the
@@ -207,15 +182,19 @@ func (h *hub) isReady() bool {
 	return h.ready
 }
 
-// looked records a look of w that found the name held, and whether it
-// joined the name's queue.
-func (h *hub) looked(w *waiter, hint time.Duration, joined bool) {
-	w.hint = hint
-	if joined {
-		h.mu.Lock()
-		w.joined = true
-		h.mu.Unlock()
-	}
+// queued records that a look put the mutex waiter w in the name's queue
+// in Redis.
+func (h *hub) queued(w *waiter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w.queued = true
+}
+
+// inQueue reports whether a look put w in the name's queue in Redis.
+func (h *hub) inQueue(w *waiter) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return w.queued
 }
 
 // waiting reports how many callers wait on the name of channel ch:
@@ -225,23 +204,22 @@ func (h *hub) waiting(ch string) int {
 	defer h.mu.Unlock()
 	n := len(h.chans[ch])
 	for _, w := range h.chans[h.own] {
-		if w.key == ch && w.joined {
+		if w.name == ch && w.queued {
 			n++
 		}
 	}
 	return n
 }
 
-// leave takes w out of the queue; it reports false if it was out already.
-// For a semaphore or readers, a wake w did not use (it gave up, or got
-// the lock through an earlier wake) passes to the next waiter, and so
-// does the turn after a permit was taken: another permit may be free,
-// another reader may join.
-func (h *hub) leave(w *waiter) bool {
+// leave takes w out of the hub, if it is still in. For a semaphore or
+// readers, a wake w did not use (it gave up, or got the lock through an
+// earlier wake) passes to the next waiter, and so does the turn after a
+// permit was taken: another permit may be free, another reader may join.
+func (h *hub) leave(w *waiter) {
 	h.mu.Lock()
 	if w.done {
 		h.mu.Unlock()
-		return false
+		return
 	}
 	w.done = true
 	ws := h.chans[w.ch]
@@ -258,12 +236,12 @@ func (h *hub) leave(w *waiter) bool {
 			signal(ws[0])
 		}
 		h.mu.Unlock()
-		return true
+		return
 	}
 	delete(h.chans, w.ch)
 	if h.closed {
 		h.mu.Unlock()
-		return true
+		return
 	}
 	// Unsubscribe in the background: the caller need not wait for it,
 	// which could take a dial timeout while Redis is away.
@@ -273,7 +251,6 @@ func (h *hub) leave(w *waiter) bool {
 		defer h.f.wg.Done()
 		h.sync()
 	}()
-	return true
 }
 
 // sync brings the subscriptions in line with the channels waited on.
@@ -444,7 +421,7 @@ func (h *hub) read(ps *redis.PubSub) {
 		switch m := msg.(type) {
 		case *redis.Message:
 			if m.Channel == h.own {
-				h.grant(m.Payload)
+				h.granted(m.Payload)
 			} else {
 				h.notify(m.Channel)
 			}
@@ -487,11 +464,11 @@ func (h *hub) confirmed(ch string) {
 	}
 }
 
-// grant handles a release's grant, "<id>:<token>:<ttl ms>:<lock key>":
+// granted handles a release's grant, "<id>:<token>:<ttl ms>:<lock key>":
 // the name was the waiter's when it was sent, so the waiter looks again
 // (see hub). A grant for an id this factory neither waits for nor holds
 // is given on to the next waiter.
-func (h *hub) grant(msg string) {
+func (h *hub) granted(msg string) {
 	parts := strings.SplitN(msg, ":", 4)
 	if len(parts) != 4 {
 		return

@@ -16,7 +16,7 @@
 //   - filelock (the default, no infrastructure): filelock.Fence.Apply holds
 //     the key's fence record (a flock) while the write runs, for every
 //     process on the host;
-//   - redis (the scenario's backend): redislock.Fence.Set compares and
+//   - redis (the scenario's backend): redislock.Fence.Apply compares and
 //     records the token and writes the data in one script;
 //   - etcd: etcdlock.Fence.Apply puts the data in the Txn that compares and
 //     records the token.
@@ -121,7 +121,7 @@ func (s *etcdStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return resp.Kvs[0].Value, nil
 }
 
-// redisStore is a FencedStore in Redis: redislock's Fence.Set compares
+// redisStore is a FencedStore in Redis: redislock's Fence.Apply compares
 // the token with the key's fence record, records it and writes the data in
 // one script, so the check and the write are one step. The data key is
 // built with Fence.DataKey and shares the fence record's hash tag, so the
@@ -134,7 +134,7 @@ type redisStore struct {
 func (s *redisStore) dataKey(key string) string { return s.fence.DataKey(key, "") }
 
 func (s *redisStore) Put(ctx context.Context, key string, data []byte, fence uint64) error {
-	return s.fence.Set(ctx, key, fence, s.dataKey(key), data)
+	return s.fence.Apply(ctx, key, fence, s.dataKey(key), data)
 }
 
 func (s *redisStore) Get(ctx context.Context, key string) ([]byte, error) {

@@ -14,7 +14,7 @@ import (
 // lock and uploads; A resumes and uploads. B's upload must be accepted,
 // A's refused with ErrStaleToken (not a lock error), and the store must
 // keep B's export. On filelock with a file store (no infrastructure),
-// redislock with Fence.Set (the scenario's backend) and
+// redislock with Fence.Apply (the scenario's backend) and
 // etcdlock with its Fence.Apply.
 func TestScenario(t *testing.T) {
 	exampletest.ForEach(t, []string{replica.Filelock, replica.Redis, replica.Etcd}, func(t *testing.T, c *replica.Cluster) {

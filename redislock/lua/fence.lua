@@ -1,5 +1,5 @@
 -- Records a token in a fence unless a higher one is recorded, and with a
--- data key also writes the data, in the same step (Fence.Set).
+-- data key also writes the data, in the same step (Fence.Apply).
 -- KEYS: <prefix>fence/{<esc>} [, the data key, with the same hash tag].
 -- ARGV: the token in decimal [, the data].
 -- Reply: {1} accepted (and the data set) | {0, the recorded token} stale:

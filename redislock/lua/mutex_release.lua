@@ -14,14 +14,14 @@
 -- mode.
 -- Reply: 1 released, 0 not ours.
 --
--- A hand-off sets the lock to the waiter's id, with its TTL and meta and
+-- A grant sets the lock to the waiter's id, with its TTL and meta and
 -- the next token (this holder's + 1, or the placeholder's), and publishes
 -- "<id>:<token>:<ttl>:<lock key>" on the waiter's factory channel: one
 -- call wakes one waiter of one process. The token counter is written only
--- when the name is freed: a hand-off's token is above the counter and
+-- when the name is freed: a grant's token is above the counter and
 -- every token before it, and a name freed by expiry instead is taken next
 -- with the server clock, which by then has passed every token of the chain
--- (each hand-off took more than a microsecond, and the lease a TTL). A
+-- (each grant took more than a microsecond, and the lease a TTL). A
 -- name freed while readers wait for it (the marker is set) is announced on
 -- its channel.
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
@@ -38,9 +38,9 @@ local function entry(i)
   return eid, ttl, string.sub(v, e + 1, c), string.sub(v, c + 1, j - 1), j
 end
 
--- handoff gives the name, held with token tok, to the first waiter whose
+-- grant gives the name, held with token tok, to the first waiter whose
 -- factory hears the grant, or frees it.
-local function handoff(tok)
+local function grant(tok)
   local i = tok and string.find(v, '\n', 1, true)
   while i do
     local eid, ttl, ch, meta, j = entry(i)
@@ -78,7 +78,7 @@ if ARGV[7] == 's' then
   redis.call('DEL', KEYS[5])
   if v and string.sub(v, 1, 7) == 'shared:' then
     local _, _, tok = string.find(v, '^shared:(%d+):')
-    handoff(tonumber(tok))
+    grant(tonumber(tok))
   end
   return ok
 end
@@ -91,7 +91,7 @@ if string.sub(v, 1, #id) ~= id then
     if eid then
       v = string.sub(v, 1, i - 1) .. string.sub(v, j)
       if string.sub(v, 1, 7) == 'shared:' and not string.find(v, '\n', 1, true) then
-        handoff(nil) -- the last writer waiting for the readers gave up
+        grant(nil) -- the last writer waiting for the readers gave up
       else
         redis.call('SET', KEYS[1], v, 'KEEPTTL')
       end
@@ -100,5 +100,5 @@ if string.sub(v, 1, #id) ~= id then
   return 0
 end
 local _, _, tok = string.find(v, '^[^:]*:(%d+):')
-handoff(tonumber(tok))
+grant(tonumber(tok))
 return 1
