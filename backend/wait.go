@@ -41,6 +41,13 @@ type Waiting struct {
 	// only when woken (or polled): others in this process wait already,
 	// and a newcomer queues behind them instead of overtaking them.
 	Queued bool
+
+	// Early subscribes before the first attempt, which is made at once:
+	// the subscription covers it (a store that hands the name to a
+	// waiter must know the waiter before it asks), so there is no second
+	// attempt after the first contention. The wait still counts from the
+	// first contention.
+	Early bool
 }
 
 // Wait makes attempts until one gets the lock, fails other than with
@@ -63,11 +70,11 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 	defer r.close()
 	var zero H
 	skip := false
-	if w.Wait && w.Queued {
+	if w.Wait && (w.Queued || w.Early) {
 		if err := r.subscribe(); err != nil {
 			return zero, r.waited(), r.failed(err)
 		}
-		skip = true
+		skip = w.Queued
 	}
 	for {
 		var wake <-chan struct{}
@@ -88,6 +95,9 @@ func Wait[H any](ctx context.Context, w Waiting, attempt func() (H, time.Duratio
 				return zero, 0, err
 			}
 			r.held, r.sent = true, at
+			if r.start.IsZero() {
+				r.start = at // an Early wait begins at its first contention
+			}
 			if r.sub == nil {
 				if err := r.subscribe(); err != nil {
 					return zero, r.waited(), r.failed(err)
@@ -109,7 +119,7 @@ type waitRun struct {
 	w     Waiting
 	ev    *evidence
 	sub   Subscription
-	start time.Time // when the subscription began: the wait
+	start time.Time // when the wait began: the subscription, or an Early one's first contention
 	timer *time.Timer
 	poll  time.Duration
 	held  bool      // an attempt found the name held (any other outcome ends the wait)
@@ -119,7 +129,10 @@ type waitRun struct {
 func (r *waitRun) subscribe() error {
 	s, err := r.w.Subscribe()
 	if err == nil {
-		r.sub, r.start, r.timer = s, time.Now(), time.NewTimer(time.Hour)
+		r.sub, r.timer = s, time.NewTimer(time.Hour)
+		if !r.w.Early {
+			r.start = time.Now()
+		}
 	}
 	return err
 }
@@ -132,7 +145,7 @@ func (r *waitRun) close() {
 }
 
 func (r *waitRun) waited() time.Duration {
-	if r.sub == nil {
+	if r.start.IsZero() {
 		return 0
 	}
 	return time.Since(r.start)

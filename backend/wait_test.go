@@ -218,3 +218,39 @@ func offsets(start time.Time, ts []time.Time) []time.Duration {
 	}
 	return d
 }
+
+// Early subscribes before the first attempt and makes it at once; the
+// first contention brings no second attempt (the subscription covered the
+// first), only a wake does. An uncontended Early wait waited 0.
+func TestWaitEarly(t *testing.T) {
+	l := newToyLock()
+	w := l.waiting(true)
+	w.Early = true
+	subscribed := 0
+	w.Subscribe = func() (backend.Subscription, error) { subscribed++; return l.sub, nil }
+	tries := make(chan int)
+	go func() {
+		for n := range tries {
+			if n == 1 {
+				close(l.free)
+				l.sub.wake <- struct{}{}
+			}
+		}
+	}()
+	n, waited, err := backend.Wait(context.Background(), w, func() (int, time.Duration, error) {
+		n, d, err := l.attempt()
+		tries <- l.attempts
+		return n, d, err
+	})
+	close(tries)
+	if err != nil || n != 2 || subscribed != 1 || waited == 0 {
+		t.Fatalf("acquired on attempt %d (%v), %d subscriptions, waited %v; want the second attempt, after one wake", n, err, subscribed, waited)
+	}
+	l = newToyLock()
+	close(l.free)
+	w = l.waiting(true)
+	w.Early = true
+	if n, waited, err := backend.Wait(context.Background(), w, l.attempt); err != nil || n != 1 || waited != 0 {
+		t.Fatalf("free name: attempt %d, waited %v, %v; want the first, no wait", n, waited, err)
+	}
+}

@@ -25,9 +25,8 @@ type attempt struct {
 	ls    lease
 	id    string // random, unique per call (see newID)
 	renew bool
-	early bool      // it waits in the hub from before its first look (see subscribe)
-	w     *waiter   // its place in the hub, once it waits
-	since time.Time // when a try first found the name held: the wait began
+	early bool    // it waits in the hub from before its first look (see waiting)
+	w     *waiter // its place in the hub, once it waits
 }
 
 func (f *Factory) newAttempt(ctx context.Context, name string, o *lock.Options, renew bool) *attempt {
@@ -79,9 +78,6 @@ func (a *attempt) mutexWaiter() bool { return a.w != nil && !a.ls.permit() }
 // held records a try that found the name held, and that queued the
 // attempt if it did, and returns when to look again.
 func (a *attempt) held(r reply, queued bool) time.Duration {
-	if a.since.IsZero() {
-		a.since = time.Now()
-	}
 	retry := max(r.retry, time.Millisecond)
 	if a.mutexWaiter() {
 		// Also within its own lease: a waiter ahead of it may be granted
@@ -197,15 +193,6 @@ func (a *attempt) replicate(h *Holder) error {
 		return fmt.Errorf("redislock: acquire %q: %w before it reached the replicas", h.name, ErrLockLost)
 	}
 	return nil
-}
-
-// waited is how long the call waited for another holder: since a try
-// first found the name held.
-func (a *attempt) waited() time.Duration {
-	if a.since.IsZero() {
-		return 0
-	}
-	return time.Since(a.since)
 }
 
 // abandon cleans up after an attempt that failed without a reply: the

@@ -179,13 +179,11 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options, renew 
 		return nil, 0, lock.ErrClosed
 	}
 	a := f.newAttempt(ctx, name, o, renew)
-	// The wait counts from the first contention (a.waited), not from the
-	// subscription, which a mutex waiter makes before its first look.
-	h, _, err := backend.Wait(ctx, a.waiting(), a.try)
+	h, waited, err := backend.Wait(ctx, a.waiting(), a.try)
 	if h == nil {
 		a.leave()
 	}
-	return h, a.waited(), err
+	return h, waited, err
 }
 
 // unreachable has a cluster client reload its map of the cluster after a

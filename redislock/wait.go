@@ -99,14 +99,15 @@ func (a *attempt) waiting() backend.Waiting {
 		// retry), so a holder or granted waiter that died is noticed
 		// within a lease; maxPoll caps it.
 		MinPoll: maxPoll, MaxPoll: maxPoll,
-		Queued: a.early, Subscribe: a.subscribe,
+		Early:     a.early && !a.ls.permit(),
+		Queued:    a.early && a.ls.permit(),
+		Subscribe: a.subscribe,
 	}
 }
 
-// subscribe puts the attempt's waiter in the hub. One that subscribes
-// before its first look (early) makes that look at once, by a wake of its
-// own, unless it queues behind permit waiters of this process: their turn
-// passes to it.
+// subscribe puts the attempt's waiter in the hub. A permit waiter that
+// queued behind others of this process (backend.Waiting.Queued) finds
+// them gone if none is ahead: its turn, it looks at once.
 func (a *attempt) subscribe() (backend.Subscription, error) {
 	ch, id := a.k.channel, ""
 	if !a.ls.permit() {
@@ -114,7 +115,7 @@ func (a *attempt) subscribe() (backend.Subscription, error) {
 	}
 	var ahead int
 	a.w, ahead = a.f.hub.join(ch, a.k.channel, id)
-	if a.early && (!a.ls.permit() || ahead == 0) {
+	if a.early && a.ls.permit() && ahead == 0 {
 		signal(a.w)
 	}
 	return a.w, nil
