@@ -1,7 +1,6 @@
 package pglock
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -16,38 +15,38 @@ type permit struct {
 	token int64
 }
 
-// try makes one attempt at a permit of e on the lock session s. A waiter
-// whose session ended under the attempt (terminated, or its connection
-// cut: Postgres freed all it held) tries once more on the next connection;
-// a second loss in a row (a session that cannot work: a pooler, a dying
+// try makes one attempt at a permit on the lock session. A waiter whose
+// session ended under the attempt (terminated, or its connection cut:
+// Postgres freed all it held) tries once more on the next connection; a
+// second loss in a row (a session that cannot work: a pooler, a dying
 // server) is returned.
-func (f *Factory) try(ctx context.Context, s *session, e *entry, o *lock.Options) (*Holder, error) {
+func (c *call) try() (*Holder, error) {
 	for retried := false; ; retried = true {
-		gen := s.generation()
-		h, err := f.tryOnce(ctx, s, e, o)
-		if err == nil || errors.Is(err, ErrLocked) || !o.Wait || retried || s.generation() == gen {
+		gen := c.s.generation()
+		h, err := c.tryOnce()
+		if err == nil || errors.Is(err, ErrLocked) || !c.o.Wait || retried || c.s.generation() == gen {
 			return h, err
 		}
 	}
 }
 
 // tryOnce asks the in-process table, then Postgres in one statement.
-func (f *Factory) tryOnce(ctx context.Context, s *session, e *entry, o *lock.Options) (*Holder, error) {
+func (c *call) tryOnce() (*Holder, error) {
 	select {
-	case e.busy <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	case c.e.busy <- struct{}{}:
+	case <-c.ctx.Done():
+		return nil, c.ctx.Err()
 	}
-	defer func() { <-e.busy }()
-	a := &attempt{f: f, e: e, o: o, limit: o.Limit()}
+	defer func() { <-c.e.busy }()
+	a := &attempt{call: c, limit: c.o.Limit()}
 	if err := a.local(); err != nil {
 		return nil, err
 	}
 	var h *Holder
-	err := s.do(ctx, true, func(sc *sessionConn) error {
+	err := c.s.do(c.ctx, true, func(sc *sessionConn) error {
 		p, err := a.take(sc)
 		if err == nil {
-			h = f.admit(ctx, e, o, p)
+			h = c.admit(p)
 		}
 		return err
 	})
@@ -56,9 +55,7 @@ func (f *Factory) tryOnce(ctx context.Context, s *session, e *entry, o *lock.Opt
 
 // attempt is one try's view of its name.
 type attempt struct {
-	f       *Factory
-	e       *entry
-	o       *lock.Options
+	*call
 	limit   int
 	slots   []int // a semaphore's permits this factory does not hold
 	mine    int   // this factory's holders of the name
@@ -117,16 +114,16 @@ func (a *attempt) single(sc *sessionConn, q, qRow string, more ...any) (permit, 
 		raw int64
 		pid int32
 	)
-	q, args := takeArgs(a.f.st, a.e, a.o, q, qRow, more...)
+	q, args := a.stmt(q, qRow, more...)
 	err := sc.queryRow(q, args...).Scan(&raw, &pid)
-	tok, err := sc.tokenOf(a.e, a.o, raw, pid, err)
+	tok, err := a.tokenOf(sc, raw, pid, err)
 	return permit{s: sc.s, key: a.e.keys.mutex, token: tok}, err
 }
 
-// tokenOf turns the answer of a statement that takes e's mutex key for a
-// call with o into the token, giving up the key on a failure.
-func (sc *sessionConn) tokenOf(e *entry, o *lock.Options, raw int64, pid int32, err error) (int64, error) {
-	key, shared := e.keys.mutex, o.Shared
+// tokenOf turns the answer of a statement that took the name's mutex key
+// on sc into the token, giving up the key on a failure.
+func (c *call) tokenOf(sc *sessionConn, raw int64, pid int32, err error) (int64, error) {
+	e, key, shared := c.e, c.e.keys.mutex, c.o.Shared
 	exclusive, sharedKey := []int64{key}, int64(0)
 	if shared {
 		exclusive, sharedKey = nil, key
@@ -138,7 +135,7 @@ func (sc *sessionConn) tokenOf(e *entry, o *lock.Options, raw int64, pid int32, 
 		return 0, err
 	}
 	if raw > 0 && !sc.s.f.validToken(raw) {
-		if raw, err = sc.newToken(raw, key, hasRow(o)); err != nil {
+		if raw, err = sc.newToken(raw, key, hasRow(c.o)); err != nil {
 			return 0, sc.abandon(err, exclusive, sharedKey)
 		}
 	}
@@ -262,15 +259,16 @@ func mismatch(name string, have, want int) error {
 // and List: when the call set an owner or metadata.
 func hasRow(o *lock.Options) bool { return o.Owner != "" || len(o.Metadata) > 0 }
 
-// takeArgs picks, of a statement that takes e's mutex key, the form q or
-// the one that also writes the holder's row (qRow), and its arguments: the
-// keys, the token counter, more, and the row's.
-func takeArgs(st *statements, e *entry, o *lock.Options, q, qRow string, more ...any) (string, []any) {
-	args := append([]any{e.keys.mutex, e.keys.mark, st.counter}, more...)
-	if !hasRow(o) {
+// stmt picks, of a statement that takes the name's mutex key, the form q
+// or the one that also writes the holder's row (qRow), and its arguments:
+// the keys, the token counter, more, and the row's.
+func (c *call) stmt(q, qRow string, more ...any) (string, []any) {
+	e := c.e
+	args := append([]any{e.keys.mutex, e.keys.mark, c.f.st.counter}, more...)
+	if !hasRow(c.o) {
 		return q, args
 	}
-	owner, meta := row(o)
+	owner, meta := row(c.o)
 	return qRow, append(args, e.prefix, e.name, owner, meta)
 }
 

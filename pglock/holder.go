@@ -51,14 +51,14 @@ func (h *Holder) Name() string { return h.e.name }
 // holds the lock, as pg_locks and pg_stat_activity show it.
 func (h *Holder) BackendPID() uint32 { return h.pid }
 
-// admit registers the holder of p, just taken for e on p's session (whose
-// sem is held): in its name's table, on its session, and bounded by
-// WithMaxHold.
-func (f *Factory) admit(ctx context.Context, e *entry, o *lock.Options, p permit) *Holder {
+// admit registers the holder of p, just taken on p's session (whose sem is
+// held): in its name's table, on its session, and bounded by WithMaxHold.
+func (c *call) admit(p permit) *Holder {
+	f, e, o := c.f, c.e, c.o
 	h := &Holder{
 		f: f, s: p.s, e: e, key: p.key, slot: p.slot, limit: o.Limit(), token: uint64(p.token),
 		pid: p.s.pid, since: time.Now(), shared: o.Shared, hasRow: hasRow(o), opts: o,
-		ctx: context.WithoutCancel(ctx), state: backend.NewState(),
+		ctx: context.WithoutCancel(c.ctx), state: backend.NewState(),
 	}
 	f.mu.Lock()
 	// A holder of this factory on another session may not have taken

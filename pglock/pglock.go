@@ -265,6 +265,16 @@ func (f *Factory) session(k keys) *session {
 	return f.sessions[uint64(k.mutex)%uint64(len(f.sessions))]
 }
 
+// call is one Acquire of a name, once its options are resolved: what its
+// attempts and its waiter share.
+type call struct {
+	f   *Factory
+	e   *entry
+	o   *lock.Options
+	s   *session        // the name's lock session
+	ctx context.Context // the Acquire's
+}
+
 // take makes attempts at name through backend.Wait, whose Subscription is
 // a waiter (see wait.go). A waiter queues behind this factory's earlier
 // waiters of the name; so does, at once, one that would find the name
@@ -279,24 +289,24 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		return nil, 0, err
 	}
 	defer f.unref(e)
-	s := f.session(e.keys)
+	c := &call{f: f, e: e, o: o, s: f.session(e.keys), ctx: ctx}
 	queued := o.Wait && f.queued(e, o.Limit() == 1)
 	var w *waiter
 	waiting := backend.Waiting{
 		Wait: o.Wait, Locked: ErrLocked, Closed: f.life.Done(), Queued: queued,
 		MinPoll: f.set.poll, MaxPoll: f.set.poll,
 		Subscribe: func() (backend.Subscription, error) {
-			w = f.subscribe(ctx, s, e, o, queued)
+			w = c.subscribe(queued)
 			return w, nil
 		},
 	}
 	return backend.Wait(ctx, waiting, func() (*Holder, time.Duration, error) {
 		if w != nil {
-			if h, blocked, err := w.attempt(); blocked || err != nil {
+			if h, asked, err := w.attempt(); asked || err != nil {
 				return h, 0, err
 			}
 		}
-		h, err := f.try(ctx, s, e, o)
+		h, err := c.try()
 		return h, 0, err
 	})
 }

@@ -49,13 +49,9 @@ const listenerIdle = time.Second
 // waiter is one waiting Acquire: its place in its name's queue and how a
 // release reaches it.
 type waiter struct {
-	f      *Factory
-	e      *entry
-	s      *session // the name's lock session
-	o      *lock.Options
-	ctx    context.Context // the Acquire's
-	writer bool            // an exclusive mutex waiter: may block; readers give way to it
-	wake   chan struct{}   // buffered 1: the name may be free
+	*call
+	writer bool          // an exclusive mutex waiter: may block; readers give way to it
+	wake   chan struct{} // buffered 1: the name may be free
 
 	ws     *session // blocked: the wait session claimed for it
 	notify bool     // notified, for the rest of the wait
@@ -70,12 +66,13 @@ type keyHold struct {
 	gen uint64
 }
 
-// subscribe queues a waiter for e. One that queued before its first
-// attempt (see queued) and is first is woken at once, to make it.
-func (f *Factory) subscribe(ctx context.Context, s *session, e *entry, o *lock.Options, queued bool) *waiter {
-	w := &waiter{f: f, e: e, s: s, o: o, ctx: ctx, writer: o.Limit() == 1 && !o.Shared, wake: make(chan struct{}, 1)}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// subscribe queues a waiter for the call's name. One that queued before its
+// first attempt (see queued) and is first is woken at once, to make it.
+func (c *call) subscribe(queued bool) *waiter {
+	w := &waiter{call: c, writer: c.o.Limit() == 1 && !c.o.Shared, wake: make(chan struct{}, 1)}
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	e := c.e
 	e.queue = append(e.queue, w)
 	if queued && e.queue[0] == w {
 		w.signal()
@@ -257,11 +254,11 @@ func (w *waiter) block(ws *session) (*Holder, error) {
 		}
 		return nil, w.ended()
 	}
-	tok, err := sc.tokenOf(e, w.o, raw, pid, err)
+	tok, err := w.tokenOf(sc, raw, pid, err)
 	if err != nil {
 		return nil, err
 	}
-	return f.admit(w.ctx, e, w.o, permit{s: ws, key: e.keys.mutex, token: tok}), nil
+	return w.admit(permit{s: ws, key: e.keys.mutex, token: tok}), nil
 }
 
 // grant runs mutex_wait.sql on ws (sem held) until Postgres grants the key,
@@ -271,7 +268,7 @@ func (w *waiter) grant(ws *session) (raw int64, pid int32, err error) {
 	sc := &sessionConn{s: ws, c: ws.conn, ctx: context.Background()}
 	returned := cancelOnEnd(w.ctx, sc.c.PgConn(), ws.forceClose, w.f.set.connectTimeout)
 	stopClose := context.AfterFunc(w.f.life, ws.forceClose)
-	q, args := takeArgs(w.f.st, w.e, w.o, w.f.st.mutexWait, w.f.st.mutexWaitRow)
+	q, args := w.stmt(w.f.st.mutexWait, w.f.st.mutexWaitRow)
 	err = sc.queryRow(q, args...).Scan(&raw, &pid)
 	returned()
 	stopClose()
