@@ -191,10 +191,10 @@ func (e *entry) writerWaits() bool {
 
 // queued reports whether a waiting Acquire of e is to queue before its
 // first attempt, which would find the name held: others here wait for it,
-// or its last release here was granted to a blocked waiter (a mutex:
-// shared or not, such a first attempt blocks at once). The notes of such
-// releases are few (one per name, until it is acquired again) and are
-// dropped all at once if they pile up.
+// or (limit 1) its last release here was granted to a blocked waiter, so
+// that a writer's first attempt blocks at once. The notes of such releases
+// are few (one per name, until it is acquired again) and are dropped all
+// at once if they pile up.
 func (f *Factory) queued(e *entry, mutex bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -213,13 +213,15 @@ func (f *Factory) noteGranted(key int64) {
 }
 
 // errNoWait: the waiter cannot block (no wait session could be opened, or
-// it ended under the wait): it waits by notifications instead.
+// it ended under the wait): it tries on its lock session and is notified,
+// until it can block again.
 var errNoWait = errors.New("pglock: no wait session")
 
 // block waits for the mutex on the wait session ws, which holds nothing:
 // Postgres queues the waiters of every session on the key and at each
 // release grants it to the longest waiting one, which alone wakes; the
-// statement also takes the token and writes the holder's row. A wait that
+// statement also takes the token (and writes the holder's row, for a call
+// with an owner or metadata). A wait that
 // ends (ctx, Close) cancels the statement and then gives the key up, which
 // gives up a grant that raced the cancel; a session that fails under the
 // wait is closed, which frees whatever it held.
