@@ -116,6 +116,6 @@ func ExampleFactory_AcquireInTx() {
 // that may not create them.
 func ExampleSetupSQL() {
 	sql := pglock.SetupSQL("locks")
-	fmt.Println(strings.Contains(sql, `CREATE TABLE IF NOT EXISTS "locks"."pglock_limits"`))
+	fmt.Println(strings.Contains(sql, `CREATE TABLE IF NOT EXISTS "locks".pglock_limits`))
 	// Output: true
 }

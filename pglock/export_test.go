@@ -4,7 +4,10 @@ package pglock
 // prefix, so tests can act once a waiter waits.
 func (f *Factory) Waiting(name string) int {
 	k := keysOf(f.cfg.Options.KeyPrefix, name)
-	f.lis.mu.Lock()
-	defer f.lis.mu.Unlock()
-	return len(f.lis.subs[k.waiters])
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e := f.entries[k.mutex]; e != nil {
+		return len(e.queue)
+	}
+	return 0
 }

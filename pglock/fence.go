@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -19,7 +18,7 @@ import (
 // Fence is a lock.Fence kept in a Postgres table, pglock_fences in the
 // schema of WithSchema: one row per (prefix, key) with the highest accepted
 // token as numeric(20,0), which holds every uint64. RejectIfStale is one
-// statement:
+// statement (sql/fence_check.sql):
 //
 //	INSERT INTO pglock_fences AS t (ns, key, token) VALUES ($1, $2, $3)
 //	ON CONFLICT (ns, key) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
@@ -47,12 +46,12 @@ type Ledger struct{ st *store }
 // can be passed as they are. A nil pool or an invalid option is reported by
 // the first call. The fence does not close pool.
 func NewFence(pool *pgxpool.Pool, opts ...Option) *Fence {
-	return &Fence{st: newStore(pool, "pglock_fences", opts)}
+	return &Fence{st: newStore(pool, "pglock_fences", "fences_table", opts)}
 }
 
 // NewLedger returns a ledger on pool, configured like NewFence.
 func NewLedger(pool *pgxpool.Pool, opts ...Option) *Ledger {
-	return &Ledger{st: newStore(pool, "pglock_ledger", opts)}
+	return &Ledger{st: newStore(pool, "pglock_ledger", "ledger_table", opts)}
 }
 
 // StoreSetupSQL returns the SQL that creates the tables of Fence and
@@ -60,29 +59,7 @@ func NewLedger(pool *pgxpool.Pool, opts ...Option) *Ledger {
 // role may not create tables. That role then needs SELECT, INSERT and
 // UPDATE on pglock_fences, and SELECT and INSERT on pglock_ledger.
 func StoreSetupSQL(schema string) string {
-	return storeTableSQL(schema, "pglock_fences") + storeTableSQL(schema, "pglock_ledger")
-}
-
-func storeTableSQL(schema, table string) string {
-	q := pgx.Identifier{schema, table}.Sanitize()
-	if table == "pglock_fences" {
-		return `CREATE TABLE IF NOT EXISTS ` + q + ` (
-	ns text NOT NULL,
-	key text NOT NULL,
-	token numeric(20,0) NOT NULL CHECK (token BETWEEN 1 AND 18446744073709551615),
-	updated_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (ns, key)
-);
-`
-	}
-	return `CREATE TABLE IF NOT EXISTS ` + q + ` (
-	ns text NOT NULL,
-	key text NOT NULL,
-	token numeric(20,0) NOT NULL CHECK (token BETWEEN 0 AND 18446744073709551615),
-	done_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (ns, key)
-);
-`
+	return inSchema("fences_table", schema) + inSchema("ledger_table", schema)
 }
 
 // store is the table of a Fence or Ledger and the statements on it.
@@ -91,14 +68,18 @@ type store struct {
 	err    error
 	schema string
 	table  string
+	create string // the table's CREATE TABLE IF NOT EXISTS
 	ns     string
-	q      string // the table's quoted name
+	q      string // the table's quoted name, for messages
+
+	// The statements of sql/ on it, in the schema.
+	fenceCheck, fenceRead, ledgerIsDone, ledgerMarkDone string
 
 	mu    sync.Mutex  // held by the one goroutine that looks for or creates the table
 	ready atomic.Bool // the table is known to exist
 }
 
-func newStore(pool *pgxpool.Pool, table string, opts []Option) *store {
+func newStore(pool *pgxpool.Pool, table, create string, opts []Option) *store {
 	o, err := lock.Apply(backend.Options(backendName), opts...)
 	if err == nil {
 		err = checkCall(&o)
@@ -107,8 +88,11 @@ func newStore(pool *pgxpool.Pool, table string, opts []Option) *store {
 		err = errors.Join(err, fmt.Errorf("pglock: %w: nil *pgxpool.Pool", lock.ErrInvalidOption))
 	}
 	schema := factorySettings(&o).schema
-	return &store{pool: pool, err: err, schema: schema, table: table, ns: o.KeyPrefix,
-		q: pgx.Identifier{schema, table}.Sanitize()}
+	return &store{pool: pool, err: err, schema: schema, table: table, create: inSchema(create, schema), ns: o.KeyPrefix,
+		q:          pgx.Identifier{schema, table}.Sanitize(),
+		fenceCheck: inSchema("fence_check", schema), fenceRead: inSchema("fence_read", schema),
+		ledgerIsDone: inSchema("ledger_is_done", schema), ledgerMarkDone: inSchema("ledger_mark_done", schema),
+	}
 }
 
 // check rejects what no statement should be sent for.
@@ -130,8 +114,7 @@ func (s *store) ensure(ctx context.Context) error {
 		return nil
 	}
 	var exists bool
-	lit := "'" + strings.ReplaceAll(s.q, "'", "''") + "'"
-	if err := s.pool.QueryRow(ctx, `SELECT to_regclass(`+lit+`) IS NOT NULL`).Scan(&exists); err != nil {
+	if err := s.pool.QueryRow(ctx, inSchema("table_exists", s.schema), s.schema, s.table).Scan(&exists); err != nil {
 		return fmt.Errorf("pglock: checking for table %s: %w", s.q, err)
 	}
 	if !exists {
@@ -139,7 +122,7 @@ func (s *store) ensure(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, advisoryKey("setup", "", s.schema+"."+s.table, -1)); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, storeTableSQL(s.schema, s.table))
+			_, err := tx.Exec(ctx, s.create)
 			return err
 		})
 		if err != nil {
@@ -187,16 +170,6 @@ func (s *store) wrap(err error) error {
 	return fmt.Errorf("pglock: %s: %w", s.table, err)
 }
 
-// fenceSQL is the whole fence: no row returned means a higher token is
-// recorded. The token travels as text: numeric holds the whole uint64
-// range, which neither a bigint nor a double does.
-func (f *Fence) fenceSQL() string {
-	return `INSERT INTO ` + f.st.q + ` AS t (ns, key, token) VALUES ($1, $2, $3::text::numeric)
-		ON CONFLICT (ns, key) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
-		WHERE t.token <= EXCLUDED.token
-		RETURNING true`
-}
-
 // RejectIfStale records token as the highest for key, or returns an error
 // matching lock.ErrStaleToken, recording nothing, if a higher token is
 // recorded or token is 0. It commits at once; to make the check part of
@@ -210,7 +183,7 @@ func (f *Fence) RejectIfStale(ctx context.Context, key string, token uint64) err
 	}
 	var ok bool
 	err := f.st.run(ctx, func() error {
-		return f.st.pool.QueryRow(ctx, f.fenceSQL(), f.st.ns, key, strconv.FormatUint(token, 10)).Scan(&ok)
+		return f.st.pool.QueryRow(ctx, f.st.fenceCheck, f.st.ns, key, strconv.FormatUint(token, 10)).Scan(&ok)
 	})
 	return f.result(ctx, f.st.pool, key, token, err)
 }
@@ -238,7 +211,7 @@ func (f *Fence) RejectIfStaleTx(ctx context.Context, tx pgx.Tx, key string, toke
 		return err
 	}
 	var ok bool
-	err := tx.QueryRow(ctx, f.fenceSQL(), f.st.ns, key, strconv.FormatUint(token, 10)).Scan(&ok)
+	err := tx.QueryRow(ctx, f.st.fenceCheck, f.st.ns, key, strconv.FormatUint(token, 10)).Scan(&ok)
 	if isUndefined(err) {
 		f.st.ready.Store(false) // dropped since: the next call creates it again
 	}
@@ -257,7 +230,7 @@ func (f *Fence) result(ctx context.Context, q querier, key string, token uint64,
 	}
 	cur := "a higher token"
 	var v string
-	if q.QueryRow(ctx, `SELECT token::text FROM `+f.st.q+` WHERE ns = $1 AND key = $2`, f.st.ns, key).Scan(&v) == nil {
+	if q.QueryRow(ctx, f.st.fenceRead, f.st.ns, key).Scan(&v) == nil {
 		cur = v
 	}
 	return fmt.Errorf("pglock: %w: %q: token %d is below %s", lock.ErrStaleToken, key, token, cur)
@@ -274,7 +247,7 @@ func (l *Ledger) IsDone(ctx context.Context, key string) (bool, error) {
 	}
 	var done bool
 	err := l.st.run(ctx, func() error {
-		return l.st.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+l.st.q+` WHERE ns = $1 AND key = $2)`, l.st.ns, key).Scan(&done)
+		return l.st.pool.QueryRow(ctx, l.st.ledgerIsDone, l.st.ns, key).Scan(&done)
 	})
 	return done && err == nil, err
 }
@@ -286,8 +259,7 @@ func (l *Ledger) MarkDone(ctx context.Context, key string, token uint64) error {
 		return err
 	}
 	return l.st.run(ctx, func() error {
-		_, err := l.st.pool.Exec(ctx, `INSERT INTO `+l.st.q+` (ns, key, token) VALUES ($1, $2, $3::text::numeric)
-			ON CONFLICT (ns, key) DO NOTHING`, l.st.ns, key, strconv.FormatUint(token, 10))
+		_, err := l.st.pool.Exec(ctx, l.st.ledgerMarkDone, l.st.ns, key, strconv.FormatUint(token, 10))
 		return err
 	})
 }

@@ -15,7 +15,6 @@ import (
 type Holder struct {
 	f         *Factory
 	s         *session
-	gen       uint64 // the session's generation it was taken on
 	e         *entry
 	key       int64
 	slot      int
@@ -23,15 +22,15 @@ type Holder struct {
 	token     uint64
 	pid       uint32
 	since     time.Time
-	published bool // its acquire wrote a pglock_holders row, which its release deletes
 	shared    bool // held shared (WithShared)
-	unheld    bool // taken out of its name's table; guarded by Factory.mu
+	hasRow    bool // its acquire wrote a pglock_holders row, which its release deletes
+	dismissed bool // out of its name's table; guarded by Factory.mu
 	opts      *lock.Options
 	ctx       context.Context // the Acquire context without its cancellation, for reports
 	state     *backend.State
 
-	relMu  sync.Mutex
-	relErr error
+	relMu  sync.Mutex // one Release at a time
+	relErr error      // a clean Release's error; guarded by relMu
 }
 
 // Token is the fencing token: strictly increasing per name, taken from a
@@ -52,6 +51,31 @@ func (h *Holder) Name() string { return h.e.name }
 // holds the lock, as pg_locks and pg_stat_activity show it.
 func (h *Holder) BackendPID() uint32 { return h.pid }
 
+// admit registers the holder of p, just taken on p's session (whose sem is
+// held): in its name's table, on its session, and bounded by WithMaxHold.
+func (c *call) admit(p permit) *Holder {
+	f, e, o := c.f, c.e, c.o
+	h := &Holder{
+		f: f, s: p.s, e: e, key: p.key, slot: p.slot, limit: o.Limit(), token: uint64(p.token),
+		pid: p.s.pid, since: time.Now(), shared: o.Shared, hasRow: hasRow(o), opts: o,
+		ctx: context.WithoutCancel(c.ctx), state: backend.NewState(),
+	}
+	f.mu.Lock()
+	// A holder of this factory on another session may not have taken
+	// itself out yet: Postgres gave the lock here, so its release is done.
+	if h.shared {
+		e.readers[h] = struct{}{}
+	} else {
+		e.held[h.slot] = h
+	}
+	e.limit = h.limit
+	e.refs++ // the holder's reference
+	f.mu.Unlock()
+	p.s.add(h)
+	h.state.Bound(o, ErrLockLost, nil, h.lose)
+	return h
+}
+
 // Release gives the lock up in one statement on its session. It is
 // idempotent and runs on a context of its own (backend.ReleaseContext).
 // If the unlock fails or its result is unknown, the session is closed, which
@@ -68,7 +92,7 @@ func (h *Holder) Release() error {
 	}
 	ctx, cancel := backend.ReleaseContext(h.ctx)
 	defer cancel()
-	held, handed, err := h.unlockOnSession(ctx)
+	res, err := h.unlock(ctx)
 	switch {
 	case h.state.Ended(): // lost before or while releasing
 		if err := h.state.Err(); err != nil {
@@ -84,33 +108,54 @@ func (h *Holder) Release() error {
 		h.s.forceClose()
 		h.relErr = err
 		return err
-	case !held:
+	case res == releaseNotHeld:
 		h.lose(fmt.Errorf("%w: %q was no longer held by its session", ErrLockLost, h.Name()))
 		return h.state.Err()
 	}
-	if handed {
-		h.f.contended(h.e.keys.mutex)
-	}
-	h.unhold()
+	h.f.dismiss(h, res == releaseGranted)
 	if h.state.End() {
 		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpRelease, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: h.relErr})
 	}
 	return h.relErr
 }
 
-// unlockOnSession runs the release statement on h's session, unless the
-// session ended since (the holder was told). If the unlock fails or its
-// result is unknown, the session is closed, which frees the lock.
-func (h *Holder) unlockOnSession(ctx context.Context) (held, handed bool, err error) {
-	err = h.s.do(ctx, false, func(sc *sessionConn) error {
-		if sc.s.gen != h.gen {
-			return nil // the session ended; the holder was told
+// lose ends h with err, a loss the factory found (its session ended, the
+// unlock found nothing, or WithMaxHold: it is State.Bound's callback):
+// Done closes and the loss is reported first; then what Postgres still
+// holds for h is unlocked as Release would (the session closed if that
+// fails), and h leaves its name's table.
+func (h *Holder) lose(err error) {
+	if !h.state.Lose(err) {
+		return // released or lost already
+	}
+	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: err})
+	res := int32(releaseNotHeld)
+	if h.s.holds(h) {
+		ctx, cancel := backend.ReleaseContext(h.ctx)
+		var uerr error
+		res, uerr = h.unlock(ctx)
+		cancel()
+		if uerr != nil && h.s.holds(h) {
+			h.s.forceClose() // unreachable and still claiming it: see Release
 		}
-		var pid int32
-		var err error
-		held, handed, pid, err = h.unlock(sc)
-		if err != nil {
-			// Unknown or failed: close the session, which frees the lock.
+	}
+	h.f.dismiss(h, res == releaseGranted)
+}
+
+// unlock runs h's release statement on its session, unless the session no
+// longer has h (released, or gone with the session: h was told). If the
+// statement fails or its result is unknown, the session is closed, which
+// frees the lock.
+func (h *Holder) unlock(ctx context.Context) (res int32, err error) {
+	err = h.s.do(ctx, false, func(sc *sessionConn) error {
+		if !sc.s.holds(h) {
+			return nil
+		}
+		var (
+			pid int32
+			err error
+		)
+		if res, pid, err = h.release(sc); err != nil {
 			return sc.fail(sc.wrap(fmt.Sprintf("release of %q", h.Name()), err))
 		}
 		if err := sc.checkPID(pid); err != nil {
@@ -119,91 +164,64 @@ func (h *Holder) unlockOnSession(ctx context.Context) (held, handed bool, err er
 		sc.s.remove(h)
 		return nil
 	})
-	return held, handed, err
+	return res, err
 }
 
-// endHold is WithMaxHold's end (see backend.State.Bound): h is lost with
-// err at once, then unlocked on its session as Release would, the session
-// closed if that fails, so the lock does not outlive the bound.
-func (h *Holder) endHold(err error) {
-	h.relMu.Lock()
-	defer h.relMu.Unlock()
-	if !h.state.Lose(err) {
-		return // released or lost already
-	}
-	backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: err})
-	ctx, cancel := backend.ReleaseContext(h.ctx)
-	defer cancel()
-	_, handed, uerr := h.unlockOnSession(ctx)
-	if uerr != nil && h.s.holds(h) {
-		h.s.forceClose() // unreachable and still claiming it: see Release
-	}
-	if handed {
-		h.f.contended(h.e.keys.mutex)
-	}
-	h.unhold()
-}
-
-// unlock runs the release statement: unlock, delete the holder's row if it
-// has one, NOTIFY if another session waits for the name. held is false if
-// the session did not hold the key. sem is held.
-// handed is true when Postgres gave a mutex straight to a blocked waiter.
-func (h *Holder) unlock(sc *sessionConn) (held, handed bool, pid int32, err error) {
+// release sends h's release statement: unlock, delete the holder's row,
+// NOTIFY if another session waits for the name. sem is held.
+func (h *Holder) release(sc *sessionConn) (res, pid int32, err error) {
 	st, k := h.f.st, h.e.keys
+	var row *int64 // the token of h's row
+	if h.hasRow {
+		t := int64(h.token)
+		row = &t
+	}
 	if h.limit > 1 {
 		sc.s.marks[k.mark]--
 		drop := sc.s.marks[k.mark] <= 0
 		if drop {
 			delete(sc.s.marks, k.mark)
 		}
-		var tok *int64
-		if h.published {
-			t := int64(h.token)
-			tok = &t
+		var ok bool
+		err = sc.queryRow(st.semRelease, h.key, k.mark, drop, k.waiters, strconv.FormatInt(k.waiters, 10), row).Scan(&ok, &pid)
+		if ok {
+			res = releaseDone
 		}
-		err = sc.queryRow(st.semRelease, h.key, k.mark, drop, k.waiters, strconv.FormatInt(k.waiters, 10), tok).Scan(&held, &pid)
-		return held, false, pid, err
+		return res, pid, err
 	}
-	var res int32
-	rel, relPub := st.mutexRelease, st.mutexReleasePub
+	q, qRow := st.mutexRelease, st.mutexReleaseRow
 	if h.shared {
-		rel, relPub = st.sharedRelease, st.sharedReleasePub
+		q, qRow = st.sharedRelease, st.sharedReleaseRow
 	}
-	if h.published {
-		err = sc.queryRow(relPub, h.key, k.waiters, int64(h.token)).Scan(&res, &pid)
-	} else {
-		err = sc.queryRow(rel, h.key, k.waiters).Scan(&res, &pid)
+	args := []any{h.key, k.waiters}
+	if row != nil {
+		q, args = qRow, append(args, *row)
 	}
-	return res != 0, res&4 != 0, pid, err
+	err = sc.queryRow(q, args...).Scan(&res, &pid)
+	return res, pid, err
 }
 
-// unhold takes the holder out of its name's table (unless a later holder
-// took its place already), gives its wait session back, and wakes the
-// name's local waiters.
-func (h *Holder) unhold() {
-	h.f.mu.Lock()
-	first := !h.unheld
-	if first {
-		h.unheld = true
-		if h.shared {
-			delete(h.e.readers, h)
-		} else if h.e.held[h.slot] == h {
-			delete(h.e.held, h.slot)
-		}
-		h.s.claimed = false
-		h.f.unrefLocked(h.e)
+// dismiss takes h out of its name's table (unless a later holder took its
+// place already), gives its wait session back, notes a release that
+// Postgres granted to a blocked waiter (see queued), and wakes the name's
+// first waiter here. Only the first call counts.
+func (f *Factory) dismiss(h *Holder, granted bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h.dismissed {
+		return
 	}
-	h.f.mu.Unlock()
-	if first {
-		h.f.lis.signal(h.e.keys.waiters)
+	h.dismissed = true
+	e := h.e
+	if h.shared {
+		delete(e.readers, h)
+	} else if e.held[h.slot] == h {
+		delete(e.held, h.slot)
 	}
-}
-
-// lose records that the lock is gone: Done closes, Err matches
-// ErrLockLost, and local waiters are woken.
-func (h *Holder) lose(err error) {
-	h.unhold()
-	if h.state.Lose(err) {
-		backend.Report(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpLost, Name: h.Name(), Token: h.token, Held: time.Since(h.since), Err: err})
+	if granted {
+		f.noteGranted(e.keys.mutex)
 	}
+	f.waits.free(h.s)
+	e.wakeFirst()
+	f.unrefLocked(e)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
 )
 
@@ -23,9 +24,9 @@ import (
 // "pg.slot". Token, Since and Owner come from the holder's row, which the
 // acquire writes only when the call set WithOwner or WithMetadata; a
 // holder without a row is reported with its session and slot, Token 0. A
-// name held shared (WithShared) shows one holder per session, with the
-// row of its newest reader. It
-// runs on a pool connection, taken within WithConnectTimeout.
+// name held shared (WithShared) shows one holder per session, with the row
+// of its newest reader. It runs on a pool connection, taken within
+// WithConnectTimeout.
 func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	if err := lock.ValidateName(name); err != nil {
 		return lock.Info{}, err
@@ -34,33 +35,18 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		return lock.Info{}, f.cfg.Err
 	}
 	info := lock.Info{Name: name}
-	prefix := f.cfg.Options.KeyPrefix
-	k := keysOf(prefix, name)
 	pc, err := f.poolConn(ctx, "inspect")
 	if err != nil {
 		return info, err
 	}
 	defer pc.Release()
-
-	limit := 1
-	var (
-		lim        int32
-		rowNS, row string
-	)
-	// Unnamed statements (see readMode): pool connections may reach the
-	// server through a transaction-mode pooler.
-	err = pc.QueryRow(ctx, f.st.inspectLimit, readMode, k.limit).Scan(&lim, &rowNS, &row)
-	switch {
-	case err == nil && rowNS == prefix && row == name:
-		limit = int(lim)
-	case err == nil, errors.Is(err, pgx.ErrNoRows):
-	case isUndefined(err):
-		return info, nil // nothing was ever locked in this schema
-	default:
-		return info, fmt.Errorf("pglock: inspect: %w", err)
+	prefix := f.cfg.Options.KeyPrefix
+	limit, err := f.storedLimit(ctx, pc, prefix, name)
+	if err != nil || limit == 0 {
+		return info, err
 	}
-	keys := []int64{k.mutex}
-	slots := map[int64]int{}
+	// The mutex key, and a semaphore's permit keys by slot.
+	keys, slots := []int64{keysOf(prefix, name).mutex}, map[int64]int{}
 	for i := 0; limit > 1 && i < limit; i++ {
 		key := advisoryKey(kindSlot, prefix, name, i)
 		keys = append(keys, key)
@@ -73,40 +59,14 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	defer rows.Close()
 	mutex := false
 	for rows.Next() {
-		var (
-			key                      int64
-			pid                      int32
-			token                    *int64
-			since                    *time.Time
-			owner, meta, app, client *string
-		)
-		if err := rows.Scan(&key, &pid, &token, &since, &owner, &meta, &app, &client); err != nil {
+		hi, key, err := scanHolder(rows)
+		if err != nil {
 			return info, fmt.Errorf("pglock: inspect: %w", err)
-		}
-		hi := lock.HolderInfo{Metadata: map[string]string{}, ID: "pid " + strconv.Itoa(int(pid))}
-		if meta != nil {
-			json.Unmarshal([]byte(*meta), &hi.Metadata)
-		}
-		hi.Metadata["pg.pid"] = strconv.Itoa(int(pid))
-		if app != nil {
-			hi.Metadata["pg.application_name"] = *app
-			if *app != "" {
-				hi.ID += " (" + *app + ")"
-			}
-		}
-		if client != nil {
-			hi.Metadata["pg.client_addr"] = *client
 		}
 		if slot, ok := slots[key]; ok {
 			hi.Metadata["pg.slot"] = strconv.Itoa(slot)
 		} else {
 			mutex = true
-		}
-		if token != nil {
-			hi.Token, hi.Since = uint64(*token), *since
-		}
-		if owner != nil {
-			hi.Owner = *owner
 		}
 		info.Holders = append(info.Holders, hi)
 	}
@@ -121,6 +81,62 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	}
 	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].Token < info.Holders[j].Token })
 	return info, nil
+}
+
+// storedLimit is the limit stored for name (1 without a row of its own);
+// 0 when pglock's objects do not exist: nothing was ever locked in the
+// schema. Unnamed statements (see readMode): pool connections may reach
+// the server through a transaction-mode pooler.
+func (f *Factory) storedLimit(ctx context.Context, pc *pgxpool.Conn, prefix, name string) (int, error) {
+	var (
+		lim        int32
+		rowNS, row string
+	)
+	err := pc.QueryRow(ctx, f.st.inspectLimit, readMode, keysOf(prefix, name).limit).Scan(&lim, &rowNS, &row)
+	switch {
+	case err == nil && rowNS == prefix && row == name:
+		return int(lim), nil
+	case err == nil, errors.Is(err, pgx.ErrNoRows):
+		return 1, nil
+	case isUndefined(err):
+		return 0, nil
+	}
+	return 0, fmt.Errorf("pglock: inspect: %w", err)
+}
+
+// scanHolder reads one row of inspect.sql: the holder and its key.
+func scanHolder(rows pgx.Rows) (lock.HolderInfo, int64, error) {
+	var (
+		key                      int64
+		pid                      int32
+		token                    *int64
+		since                    *time.Time
+		owner, meta, app, client *string
+	)
+	if err := rows.Scan(&key, &pid, &token, &since, &owner, &meta, &app, &client); err != nil {
+		return lock.HolderInfo{}, 0, err
+	}
+	hi := lock.HolderInfo{Metadata: map[string]string{}, ID: "pid " + strconv.Itoa(int(pid))}
+	if meta != nil {
+		json.Unmarshal([]byte(*meta), &hi.Metadata)
+	}
+	hi.Metadata["pg.pid"] = strconv.Itoa(int(pid))
+	if app != nil {
+		hi.Metadata["pg.application_name"] = *app
+		if *app != "" {
+			hi.ID += " (" + *app + ")"
+		}
+	}
+	if client != nil {
+		hi.Metadata["pg.client_addr"] = *client
+	}
+	if token != nil {
+		hi.Token, hi.Since = uint64(*token), *since
+	}
+	if owner != nil {
+		hi.Owner = *owner
+	}
+	return hi, key, nil
 }
 
 // List yields the names under the factory's key prefix that start with

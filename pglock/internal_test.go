@@ -192,8 +192,8 @@ func TestDefaults(t *testing.T) {
 		stmtTimeout: DefaultStatementTimeout, poll: DefaultPollInterval,
 		connectTimeout: DefaultConnectTimeout, appName: "pglock", idleClose: f.set.idleClose,
 	}
-	if f.set != want || len(f.sessions) != DefaultSessions || len(f.waits) != DefaultWaitSessions {
-		t.Errorf("config without options = %+v (%d sessions, %d wait sessions), want %+v", f.set, len(f.sessions), len(f.waits), want)
+	if f.set != want || len(f.sessions) != DefaultSessions || len(f.waits.all) != DefaultWaitSessions {
+		t.Errorf("config without options = %+v (%d sessions, %d wait sessions), want %+v", f.set, len(f.sessions), len(f.waits.all), want)
 	}
 	for n, ok := range map[int]bool{0: true, MaxSessions: true, -1: false, MaxSessions + 1: false} {
 		if _, err := lock.Apply(backend.Options(backendName), WithWaitSessions(n)); (err == nil) != ok {

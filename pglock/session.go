@@ -31,12 +31,12 @@ type session struct {
 	pid      uint32
 	lastUsed time.Time
 	marks    map[int64]int // semaphore markers held shared, by key: local permits
-	waits    map[int64]int // waiters keys held shared, by key: local waiters
+	waits    map[int64]int // waiters and intent keys held, by key: local waiters
 
-	claimed bool // a wait session in use by a blocked waiter or its holder; guarded by Factory.mu
-
-	mu      sync.Mutex // guards the fields below; taken after sem, never before
-	gen     uint64     // changes whenever the connection is replaced
+	// What others read without waiting for sem: they are not to wait for a
+	// statement (forceClose ends one). Taken after sem, never before.
+	mu      sync.Mutex
+	gen     uint64 // changes whenever the connection is replaced
 	holders map[*Holder]struct{}
 	netConn net.Conn // for forceClose
 }
@@ -116,8 +116,7 @@ func (s *session) open(ctx context.Context) error {
 		// works with (see setup): no prepared statement behind a
 		// transaction pooler.
 		if err = checkVersion(c.PgConn().ParameterStatus("crdb_version")); err == nil {
-			err = c.QueryRow(sctx, "SELECT pg_backend_pid(), current_setting('synchronous_commit'), set_config('application_name', $1, false), version()",
-				pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version)
+			err = c.QueryRow(sctx, s.f.st.sessionOpen, pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version)
 		}
 		if err == nil || !pgconn.SafeToRetry(err) || tries <= 0 || ctx.Err() != nil {
 			return s.setUp(sctx, c, pid, syncCommit, version, err)
@@ -138,9 +137,7 @@ func (s *session) setUp(sctx context.Context, c *pgx.Conn, pid int32, syncCommit
 		_, err = c.Exec(sctx, "SET synchronous_commit = local")
 	}
 	if err == nil {
-		// Rows of sessions that ended (Inspect ignores them anyway).
-		_, err = c.Exec(sctx, "DELETE FROM "+pgx.Identifier{s.f.set.schema, "pglock_holders"}.Sanitize()+
-			" h WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = h.pid)", pgx.QueryExecModeSimpleProtocol)
+		_, err = c.Exec(sctx, s.f.st.sessionSweep, pgx.QueryExecModeSimpleProtocol)
 	}
 	if err != nil {
 		closeConn(c)
@@ -302,10 +299,10 @@ func (sc *sessionConn) clean(err error) bool {
 
 // cleanup handles an acquire statement that failed: a server error may
 // have come after the lock was taken, and session locks outlive the
-// rolled-back statement, so the keys it tried are unlocked (none of them is
-// held for anyone else on this session); if that fails too, or the error
+// rolled-back statement, so the keys it tried are given up (none of them
+// is held for anyone else on this session); if that fails too, or the error
 // was not a clean server error, the session is closed.
-func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
+func (sc *sessionConn) cleanup(err error, keys []int64, shared int64) error {
 	if pooled(err) {
 		// Nothing ran here, and what the session holds is on another
 		// backend: closing the session is all that can be done.
@@ -314,10 +311,10 @@ func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
 		return sc.fail(err)
 	}
 	err = sc.wrap("acquire", err)
-	if len(keys) == 0 && mark == 0 && sc.clean(err) {
+	if len(keys) == 0 && shared == 0 && sc.clean(err) {
 		return err
 	}
-	return sc.unlock(err, keys, mark)
+	return sc.abandon(err, keys, shared)
 }
 
 // newToken handles a counter value v outside the range of the epoch the
@@ -325,11 +322,11 @@ func (sc *sessionConn) cleanup(err error, keys []int64, mark int64) error {
 // committed epoch (v is a token if it lies in its range), else moves the
 // counter to a new epoch (after a crash reset it, or its range ran out)
 // and takes a new value, which replaces v in the holder's row if the
-// acquire wrote one (pub). Rare: a few round trips.
-func (sc *sessionConn) newToken(v, key int64, pub bool) (int64, error) {
+// acquire wrote one. Rare: a few round trips.
+func (sc *sessionConn) newToken(v, key int64, row bool) (int64, error) {
 	f := sc.s.f
 	tok, err := f.freshToken(v, sc.queryRow, sc.checkPID)
-	if err == nil && pub && tok != v {
+	if err == nil && row && tok != v {
 		if _, err := sc.c.Exec(sc.ctx, f.st.retoken, key, v, tok); err != nil {
 			return 0, fmt.Errorf("pglock: new token epoch: %w", err)
 		}
@@ -378,17 +375,18 @@ func (f *Factory) freshToken(v int64, query func(sql string, args ...any) pgx.Ro
 // errNoToken: the counter stayed out of range; the session is fine.
 var errNoToken = errors.New("pglock: no token after moving to a new epoch five times")
 
-// unlock gives up keys (and a shared semaphore marker) this statement's
-// caller took, with the holder rows written for them, after a failure that
-// left no holder for them; if the session cannot do it, it is closed.
-func (sc *sessionConn) unlock(cause error, keys []int64, mark int64) error {
+// abandon gives up keys held exclusive and one held shared (a semaphore's
+// marker, or a reader's mutex key; 0: none) that this statement's caller
+// took for a holder that is not to be, after cause, with the rows written
+// for them; if the session cannot do it, it is closed.
+func (sc *sessionConn) abandon(cause error, keys []int64, shared int64) error {
 	if sc.s.conn == nil {
 		return cause // already failed: the locks went with it
 	}
 	if !sc.clean(cause) && !errors.Is(cause, errNoToken) {
 		return sc.fail(cause)
 	}
-	if _, err := sc.c.Exec(sc.ctx, sc.s.f.st.unlock, keys, mark, mark != 0); err != nil {
+	if _, err := sc.c.Exec(sc.ctx, sc.s.f.st.abandon, keys, shared, shared != 0); err != nil {
 		return sc.fail(errors.Join(cause, err))
 	}
 	return cause
@@ -417,7 +415,7 @@ func (s *session) failLocked(cause error) {
 	for h := range hs {
 		h.lose(lost)
 	}
-	// Waiters re-mark the names they wait for on the next connection.
+	// Waiters mark the names they wait for again, on the next connection.
 	s.f.lis.broadcast()
 	if len(hs) > 0 {
 		level := slog.LevelWarn
@@ -520,7 +518,7 @@ func (s *session) check() {
 	}
 	s.use(context.Background(), func(sc *sessionConn) error {
 		var pid int32
-		if err := sc.queryRow("SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		if err := sc.queryRow(s.f.st.health).Scan(&pid); err != nil {
 			return sc.fail(sc.wrap("health check", err))
 		}
 		return sc.checkPID(pid)

@@ -72,9 +72,9 @@ func (f *Factory) AcquireInTx(ctx context.Context, tx pgx.Tx, name string, opts 
 	if err == nil && tx == nil {
 		err = fmt.Errorf("pglock: %w: nil pgx.Tx", lock.ErrInvalidOption)
 	}
-	r, err := backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (taken, time.Duration, error) {
+	r, err := backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (txTaken, time.Duration, error) {
 		h, err := f.takeInTx(ctx, tx, name, &o)
-		return taken{h}, 0, err
+		return txTaken{h}, 0, err
 	})
 	return r.TxHolder, err
 }
@@ -87,20 +87,20 @@ func checkTx(o *lock.Options) error {
 	return checkCall(o)
 }
 
-// taken is what backend.Take reports of an AcquireInTx: the token.
-type taken struct{ *TxHolder }
+// txTaken is what backend.Take reports of an AcquireInTx: the token.
+type txTaken struct{ *TxHolder }
 
-func (t taken) Token() uint64       { return t.token }
-func (taken) Release() error        { return nil }
-func (taken) Done() <-chan struct{} { return nil }
-func (taken) Err() error            { return nil }
+func (t txTaken) Token() uint64       { return t.token }
+func (txTaken) Release() error        { return nil }
+func (txTaken) Done() <-chan struct{} { return nil }
+func (txTaken) Err() error            { return nil }
 
-var _ lock.Holder = taken{}
+var _ lock.Holder = txTaken{}
 
-// takeInTx runs the acquire statement in tx. The statement runs without
-// ctx's cancellation, which instead sends a cancel request, as a wait
-// session's wait does (see blockOn): pgx would close the connection. A try
-// is bounded by the statement timeout the same way.
+// takeInTx runs the acquire statement (tx_try.sql, tx_wait.sql) in tx. The
+// statement runs without ctx's cancellation, which instead sends a cancel
+// request, as a blocked waiter's does (see cancelOnEnd): pgx would close
+// the connection. A try is bounded by the statement timeout the same way.
 func (f *Factory) takeInTx(ctx context.Context, tx pgx.Tx, name string, o *lock.Options) (*TxHolder, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ func (f *Factory) takeInTx(ctx context.Context, tx pgx.Tx, name string, o *lock.
 	// QueryExecModeExec: an unnamed statement, whatever tx's connection
 	// defaults to, so that nothing is prepared on a pooler's server
 	// connection.
-	err := tx.QueryRow(context.WithoutCancel(ctx), q, pgx.QueryExecModeExec, k.mutex, k.mark).Scan(&tok, &pid)
+	err := tx.QueryRow(context.WithoutCancel(ctx), q, pgx.QueryExecModeExec, k.mutex, k.mark, f.st.counter).Scan(&tok, &pid)
 	returned()
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -147,9 +147,9 @@ func (f *Factory) takeInTx(ctx context.Context, tx pgx.Tx, name string, o *lock.
 	switch {
 	case tok > 0:
 		return &TxHolder{name: name, token: uint64(tok), pid: uint32(pid)}, nil
-	case tok == -1:
+	case tok == tryHeld:
 		return nil, ErrLocked
-	case tok == -2:
+	case tok == trySemaphore:
 		return nil, fmt.Errorf("pglock: %w: %q is held as a semaphore, caller asked for a mutex (the transaction holds the mutex key until it ends)", lock.ErrLimitMismatch, name)
 	}
 	return nil, fmt.Errorf("pglock: unexpected acquire result %d", tok)

@@ -1,5 +1,30 @@
 package pglock
 
+// The waiting model. A waiting Acquire is a backend.Wait whose
+// Subscription is a waiter. A factory's waiters of a name queue first come
+// first (entry.queue); only the first is armed, and only it is woken by a
+// release, so that a hand-off costs the same however many wait, here or in
+// other processes. It is armed in one of two ways, and its attempts ask
+// Postgres accordingly:
+//
+//   - Blocked: a writer of a mutex claims a wait session (waitSessions) and
+//     its attempt is pg_advisory_lock there (mutex_wait*.sql), in Postgres's
+//     queue of the key. At a release anywhere Postgres grants the key to the
+//     longest waiting session, whose statement returns with the token: the
+//     lock is held on that session until it is released.
+//   - Notified: semaphores, readers, and writers without a wait session mark
+//     the name on their lock session (the waiters key, held shared; a writer
+//     also holds the intent key, which readers give way to). A release that
+//     finds the mark sends NOTIFY; the factory's listener wakes the name's
+//     first waiter, whose attempt is a try (one statement), as it is every
+//     WithPollInterval.
+//
+// The first waiter arms at the start of each attempt, before it asks.
+// Waiters behind it are woken when they become first; polled before, they
+// only check that Postgres answers. The guide says why the two ways
+// remain. A waiter's fields belong to its waiting goroutine, where Wait
+// calls Wake, the attempt and Close; others only signal its channel.
+
 import (
 	"context"
 	"errors"
@@ -8,7 +33,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,114 +46,269 @@ import (
 // its connection is closed: an idle factory keeps none.
 const listenerIdle = time.Second
 
-// errNoWaitSession: no wait session could be had; the waiter falls back
-// to notified retries.
-var errNoWaitSession = errors.New("pglock: no wait session")
+// waiter is one waiting Acquire: its place in its name's queue and how a
+// release reaches it.
+type waiter struct {
+	*call
+	writer bool          // an exclusive mutex waiter: may block; readers give way to it
+	wake   chan struct{} // buffered 1: the name may be free
 
-// waitReg is one waiting Acquire's backend.Subscription and its place in
-// its name's queue of this factory's waiters. Its channel is signalled
-// when it becomes the first of the queue and by this factory's own
-// releases and losses of the name; in notify mode (see listen) also by the
-// listener when another session releases the name, which the waiter marks
-// as waited for on its session so that releases elsewhere notify.
-type waitReg struct {
-	f      *Factory
-	s      *session
-	e      *entry
-	ctx    context.Context // the Acquire's
-	key    int64           // the waiters key of the name
-	ch     chan struct{}   // buffered 1: the name may be free
-	notify bool            // listen was called; only the waiting goroutine uses it
-	gen    atomic.Uint64   // the session generation its marker was taken on
-	marked bool            // guarded by the session
-	writer bool            // an exclusive Acquire of a mutex: readers give way to it
-	intent bool            // holds the intent key on its session (holdIntent); guarded by the session
-	igen   uint64          // the session generation of intent; guarded by the session
+	ws     *session // blocked: the wait session claimed for it
+	notify bool     // notified, for the rest of the wait
+	marked keyHold  // notified: the waiters key
+	intent keyHold  // notified writer: the intent key
 }
 
-// listener owns the connection that LISTENs for release notifications
-// while this factory has waiters, and fans them out.
-type listener struct {
-	f *Factory
-
-	startMu sync.Mutex // serialises start and stop
-
-	mu      sync.Mutex
-	running bool
-	stop    context.CancelFunc
-	done    chan struct{}
-	subs    map[int64]map[*waitReg]struct{}
-	n       int
-	idle    *time.Timer
-	closed  bool
-	failed  time.Time // when starting last failed: retried once per poll interval
+// keyHold is a key a notified waiter holds on its lock session, and the
+// connection (generation) it holds it on: a replaced session lost it.
+type keyHold struct {
+	on  bool
+	gen uint64
 }
 
-func newListener(f *Factory) *listener {
-	return &listener{f: f, subs: map[int64]map[*waitReg]struct{}{}}
-}
-
-// subscribe queues a waiter for e. A queued waiter (one that made no
-// attempt yet) that finds itself first is woken at once.
-func (f *Factory) subscribe(ctx context.Context, s *session, e *entry, queued, writer bool) *waitReg {
-	w := &waitReg{f: f, s: s, e: e, ctx: ctx, key: e.keys.waiters, ch: make(chan struct{}, 1), writer: writer}
-	f.lis.subscribe(w)
-	f.mu.Lock()
+// subscribe queues a waiter for the call's name. One that queued before its
+// first attempt (see queued) and is first is woken at once, to make it.
+func (c *call) subscribe(queued bool) *waiter {
+	w := &waiter{call: c, writer: c.o.Limit() == 1 && !c.o.Shared, wake: make(chan struct{}, 1)}
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	e := c.e
 	e.queue = append(e.queue, w)
 	if queued && e.queue[0] == w {
-		w.wake()
+		w.signal()
 	}
-	f.mu.Unlock()
 	return w
 }
 
-// turn reports whether w is the first of its name's waiters in this
-// factory, which alone makes attempts; if so, and it waits for a mutex
-// exclusively (blocks), it claims a free wait session for w to block on
-// (nil: none).
-func (f *Factory) turn(w *waitReg, blocks bool) (first bool, ws *session) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if w.e.queue[0] != w {
-		return false, nil
+// Wake returns the waiter's channel.
+func (w *waiter) Wake() <-chan struct{} { return w.wake }
+
+// attempt is the waiter's part of an attempt. The first waiter here arms
+// (see arm), then blocks, if it is to; one behind others checks that
+// Postgres answers (so that it never reports contention Postgres did not
+// confirm lately) and stays in line. asked false: the waiter tries.
+func (w *waiter) attempt() (h *Holder, asked bool, err error) {
+	if !w.f.first(w) {
+		return nil, true, w.inLine()
 	}
-	if !blocks || time.Since(f.noWait) < f.set.poll {
-		return true, nil
+	if err := w.arm(); err != nil || w.ws == nil {
+		return nil, err != nil, err
 	}
-	for _, s := range f.waits {
-		if !s.claimed {
-			s.claimed = true
-			return true, s
-		}
+	ws := w.ws
+	h, err = w.block(ws)
+	switch {
+	case h != nil:
+		w.ws = nil // its holder's now
+	case errors.Is(err, errNoWait):
+		w.f.waits.free(ws)
+		w.ws = nil
+		err = w.listen()
+		return nil, err != nil, err
 	}
-	return true, nil
+	return h, true, err
 }
 
-// block waits for the mutex of e on the wait session ws, which holds
-// nothing: Postgres queues the waiters of every session on the key and, at
-// each release, grants it to the longest waiting one, which alone wakes.
-// The grant's statement also takes the token. The lock is then held on ws,
-// which stays claimed by its holder until it is released or lost: a
-// factory blocks on, and holds through, at most WithWaitSessions
-// connections. A wait that ends (ctx, Close) cancels the statement and
-// then unlocks the key, which gives up a grant that raced the cancel; a
-// session that fails under the wait is closed, which frees whatever it
-// held. It returns errNoWaitSession when ws cannot be opened or ended
-// under the wait: the waiter then tries on its lock session.
-func (f *Factory) block(ctx context.Context, ws *session, e *entry, o *lock.Options) (*Holder, error) {
-	h, err := f.blockOn(ctx, ws, e, o)
-	if h == nil {
-		f.mu.Lock()
-		ws.claimed = false
-		if errors.Is(err, errNoWaitSession) {
-			f.noWait = time.Now()
+// arm makes sure that a release reaches the waiter: blocked if it is a
+// writer and a wait session is free, notified otherwise.
+func (w *waiter) arm() error {
+	if w.ws != nil {
+		return nil
+	}
+	if w.writer {
+		if w.ws = w.f.waits.claim(); w.ws != nil {
+			return nil
 		}
-		f.mu.Unlock()
 	}
-	if errors.Is(err, errWaitLost) {
-		err = errNoWaitSession // the waiter tries on its lock session instead
+	return w.listen()
+}
+
+// inLine asks the name's lock session for its backend pid: the answer of
+// a waiter behind others here.
+func (w *waiter) inLine() error {
+	err := w.s.do(w.ctx, true, func(sc *sessionConn) error {
+		var pid int32
+		if err := sc.queryRow(w.f.st.health).Scan(&pid); err != nil {
+			return sc.failed("waiting", err)
+		}
+		return sc.checkPID(pid)
+	})
+	if err != nil {
+		return err
 	}
-	return h, err
+	return ErrLocked
+}
+
+// Close ends the wait: the waiter leaves its queue (the next, now first, is
+// woken), and gives back its wait session and its marks.
+func (w *waiter) Close() {
+	w.f.leave(w)
+	if w.ws != nil {
+		w.f.waits.free(w.ws)
+	}
+	if w.notify {
+		w.f.lis.unsubscribe(w)
+		w.unmark(&w.intent, w.e.keys.intent, w.f.st.intentDrop)
+		w.unmark(&w.marked, w.e.keys.waiters, w.f.st.waiterUnmark)
+	}
+}
+
+func (w *waiter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// first reports whether w is the first of its name's waiters here.
+func (f *Factory) first(w *waiter) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return w.e.queue[0] == w
+}
+
+func (f *Factory) leave(w *waiter) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.Index(w.e.queue, w)
+	w.e.queue = slices.Delete(w.e.queue, i, i+1)
+	if i == 0 {
+		w.e.wakeFirst()
+	}
+}
+
+// wakeFirst wakes the name's first waiter here. Factory.mu is held.
+func (e *entry) wakeFirst() {
+	if len(e.queue) > 0 {
+		e.queue[0].signal()
+	}
+}
+
+// writerWaits reports whether a writer of this factory waits for e.
+// Factory.mu is held.
+func (e *entry) writerWaits() bool {
+	return slices.ContainsFunc(e.queue, func(w *waiter) bool { return w.writer })
+}
+
+// queued reports whether a waiting Acquire of e is to queue before its
+// first attempt, which would find the name held: others here wait for it,
+// or (limit 1) its last release here was granted to a blocked waiter, so
+// that a writer's first attempt blocks at once. The notes of such releases
+// are few (one per name, until it is acquired again) and are dropped all
+// at once if they pile up.
+func (f *Factory) queued(e *entry, mutex bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	granted := f.handed[e.keys.mutex]
+	delete(f.handed, e.keys.mutex)
+	return len(e.queue) > 0 || granted && mutex
+}
+
+// noteGranted notes a release of the mutex key that Postgres granted to a
+// blocked waiter (see queued). Factory.mu is held.
+func (f *Factory) noteGranted(key int64) {
+	if len(f.handed) >= 1024 {
+		clear(f.handed)
+	}
+	f.handed[key] = true
+}
+
+// errNoWait: the waiter cannot block (no wait session could be opened, or
+// it ended under the wait): it tries on its lock session and is notified,
+// until it can block again.
+var errNoWait = errors.New("pglock: no wait session")
+
+// block waits for the mutex on the wait session ws, which holds nothing:
+// Postgres queues the waiters of every session on the key and at each
+// release grants it to the longest waiting one, which alone wakes; the
+// statement also takes the token (and writes the holder's row, for a call
+// with an owner or metadata). A wait that
+// ends (ctx, Close) cancels the statement and then gives the key up, which
+// gives up a grant that raced the cancel; a session that fails under the
+// wait is closed, which frees whatever it held.
+func (w *waiter) block(ws *session) (*Holder, error) {
+	f, e := w.f, w.e
+	select {
+	case ws.sem <- struct{}{}:
+	case <-w.ctx.Done():
+		return nil, w.ctx.Err()
+	}
+	defer func() { <-ws.sem }()
+	if ws.conn == nil {
+		if err := w.openWait(ws); err != nil {
+			return nil, err
+		}
+	}
+	raw, pid, err := w.grant(ws)
+	sctx, cancel := context.WithTimeout(context.Background(), f.set.stmtTimeout)
+	defer cancel()
+	sc := &sessionConn{s: ws, c: ws.conn, ctx: sctx}
+	switch {
+	case err != nil && !sc.clean(err):
+		sc.fail(sc.wrap("waiting", err)) // frees whatever it held
+		if err := w.ended(); err != nil {
+			return nil, err
+		}
+		return nil, errNoWait
+	case w.ended() != nil:
+		// Granted or not, the key is given up, with a row written for it.
+		if _, err := sc.c.Exec(sc.ctx, f.st.abandon, []int64{e.keys.mutex}, int64(0), false); err != nil {
+			sc.fail(sc.wrap("giving up a wait", err))
+		}
+		return nil, w.ended()
+	}
+	tok, err := w.tokenOf(sc, raw, pid, err)
+	if err != nil {
+		return nil, err
+	}
+	return w.admit(permit{s: ws, key: e.keys.mutex, token: tok}), nil
+}
+
+// grant runs mutex_wait.sql on ws (sem held) until Postgres grants the key,
+// or the wait ends: the statement runs without a deadline, and the end of
+// ctx cancels it on the server (see cancelOnEnd); Close closes the session.
+func (w *waiter) grant(ws *session) (raw int64, pid int32, err error) {
+	sc := &sessionConn{s: ws, c: ws.conn, ctx: context.Background()}
+	returned := cancelOnEnd(w.ctx, sc.c.PgConn(), ws.forceClose, w.f.set.connectTimeout)
+	stopClose := context.AfterFunc(w.f.life, ws.forceClose)
+	q, args := w.stmt(w.f.st.mutexWait, w.f.st.mutexWaitRow)
+	err = sc.queryRow(q, args...).Scan(&raw, &pid)
+	returned()
+	stopClose()
+	return raw, pid, err
+}
+
+// ended is the error of a wait that ended: Close, or ctx.
+func (w *waiter) ended() error {
+	if w.f.isClosed() {
+		return lock.ErrClosed
+	}
+	return w.ctx.Err()
+}
+
+// openWait connects the wait session ws (sem held), if the pool has a
+// connection to spare now: the notified waiting needs none.
+func (w *waiter) openWait(ws *session) error {
+	f := w.f
+	st := f.pool.Stat()
+	switch {
+	case f.isClosed():
+		return lock.ErrClosed
+	case st.AcquiredConns() >= st.MaxConns():
+		return errNoWait
+	}
+	err := ws.open(w.ctx)
+	if err != nil && w.ctx.Err() != nil {
+		return w.ctx.Err()
+	}
+	if err == nil {
+		err = f.watchClient(ws)
+	}
+	if err != nil {
+		backend.Log(&f.cfg.Options).Debug("pglock: no wait session; waiting for notifications", "err", err)
+		f.waits.unusable()
+		return errNoWait
+	}
+	return nil
 }
 
 // cancelOnEnd cancels on the server, when ctx ends, the statement about to
@@ -167,91 +346,11 @@ func cancelOnEnd(ctx context.Context, pc *pgconn.PgConn, closeConn func(), timeo
 	}
 }
 
-// errWaitLost: the wait session ended under the wait.
-var errWaitLost = errors.New("pglock: wait session ended")
-
-func (f *Factory) blockOn(ctx context.Context, ws *session, e *entry, o *lock.Options) (*Holder, error) {
-	select {
-	case ws.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	defer func() { <-ws.sem }()
-	if ws.conn == nil {
-		// A wait session is worth a connection only if the pool has one
-		// to spare now: the notified retries need none.
-		st := f.pool.Stat()
-		switch {
-		case f.isClosed():
-			return nil, lock.ErrClosed
-		case st.AcquiredConns() >= st.MaxConns():
-			return nil, errNoWaitSession
-		}
-		if err := ws.open(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			backend.Log(&f.cfg.Options).Debug("pglock: no wait session; waiting for notifications", "err", err)
-			return nil, errNoWaitSession
-		}
-		if err := f.watchClient(ws); err != nil {
-			backend.Log(&f.cfg.Options).Debug("pglock: no wait session; waiting for notifications", "err", err)
-			return nil, errNoWaitSession
-		}
-	}
-	pub := o.Owner != "" || len(o.Metadata) > 0
-	q, args := f.mutexStatement(e, o, pub, true)
-	sc := &sessionConn{s: ws, c: ws.conn, ctx: context.Background()}
-	// The statement runs without a deadline: ctx's end cancels it on the
-	// server (see cancelOnEnd).
-	returned := cancelOnEnd(ctx, sc.c.PgConn(), ws.forceClose, f.set.connectTimeout)
-	stopClose := context.AfterFunc(f.life, ws.forceClose)
-	var (
-		tok int64
-		pid int32
-	)
-	err := sc.queryRow(q, args...).Scan(&tok, &pid)
-	returned()
-	stopClose()
-	sctx, cancel := context.WithTimeout(context.Background(), f.set.stmtTimeout)
-	defer cancel()
-	sc.ctx = sctx
-	ended := func() error {
-		if f.isClosed() {
-			return lock.ErrClosed
-		}
-		return ctx.Err()
-	}
-	switch {
-	case err != nil && !sc.clean(err):
-		sc.fail(sc.wrap("waiting", err)) // frees whatever it held
-		if err := ended(); err != nil {
-			return nil, err
-		}
-		return nil, errWaitLost
-	case ended() != nil:
-		// Granted or not, the key is given up, with a row written for it.
-		if _, err := sc.c.Exec(sc.ctx, f.st.unlock, []int64{e.keys.mutex}, int64(0), false); err != nil {
-			sc.fail(sc.wrap("giving up a wait", err))
-		}
-		return nil, ended()
-	}
-	if tok, err = f.mutexResult(sc, e, pub, tok, pid, err, false); err != nil {
-		return nil, err
-	}
-	return f.hold(ctx, ws, e, e.keys.mutex, 0, 1, tok, pub, o), nil
-}
-
 // watchClient prepares a new wait session, whose statement may wait for
-// long without a byte in either direction, for the other side's end. The
+// long without a byte in either direction, for the other side's end: the
 // kernel probes the connection, so that on a silently cut network the wait
-// fails after a few health intervals instead of never. Its wait is bounded
-// by the caller, not by timeouts the pool's connections may set. And
-// Postgres checks
-// every health interval that the client is still there
-// (client_connection_check_interval, PostgreSQL 14 and later): a waiting
-// process that was killed leaves the queue then, instead of only when its
-// turn comes and the grant's reply finds nobody.
+// fails after a few health intervals instead of never, and the session
+// asks Postgres to check the client as often (wait_session.sql).
 func (f *Factory) watchClient(ws *session) error {
 	nc := ws.conn.PgConn().Conn()
 	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
@@ -263,172 +362,167 @@ func (f *Factory) watchClient(ws *session) error {
 	}
 	ms := strconv.FormatInt(max(f.set.health.Milliseconds(), 1), 10)
 	return ws.use(context.Background(), func(sc *sessionConn) error {
-		if _, err := sc.c.Exec(sc.ctx, `SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false),
-			(SELECT set_config(name, $1, false) FROM pg_settings WHERE name = 'client_connection_check_interval')`, ms); err != nil {
+		if _, err := sc.c.Exec(sc.ctx, f.st.waitSession, ms); err != nil {
 			return sc.fail(fmt.Errorf("pglock: opening a wait session: %w", err))
 		}
 		return nil
 	})
 }
 
-// listen puts the first waiter into notify mode, which it stays in: the
-// listener runs, and the name is marked as waited for on its session, so
-// that every release after that point notifies. Without a listener (no
-// connection for it) the waiter still works, by polling.
-func (w *waitReg) listen() error {
-	if w.notify {
+// listen arms the waiter by notifications, which it stays: it is
+// subscribed to the listener, which is made to run (its connection may
+// have ended), and the name is marked on the lock session's current
+// connection, with the intent key for a writer.
+func (w *waiter) listen() error {
+	if !w.notify {
+		w.notify = true
+		w.f.lis.subscribe(w)
+	}
+	if !w.f.lis.isRunning() {
+		if err := w.f.lis.ensure(w.ctx); err != nil {
+			backend.Log(&w.f.cfg.Options).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
+		}
+	}
+	if err := w.mark(&w.marked, w.e.keys.waiters, w.f.st.waiterMark); err != nil || !w.writer {
+		return err
+	}
+	return w.mark(&w.intent, w.e.keys.intent, w.f.st.intentTake)
+}
+
+// mark takes key for the waiter on its lock session with the statement
+// take (waiter_mark.sql, intent_take.sql), unless the session holds it for
+// another waiter here already; counted per session, it is unlocked when the
+// last of them leaves. An intent key another session holds is not taken:
+// the writer's next arming tries again.
+func (w *waiter) mark(k *keyHold, key int64, take string) error {
+	if k.on && k.gen == w.s.generation() {
 		return nil
 	}
-	w.notify = true
-	if err := w.f.lis.ensure(w.ctx); err != nil {
-		backend.Log(&w.f.cfg.Options).Warn("pglock: no listener for release notifications; waiters poll", "err", err)
-	}
-	return w.f.markWaiter(w)
-}
-
-// Wake returns the waiter's channel. In notify mode it first makes sure a
-// release elsewhere still signals it: the listener runs (its connection
-// may have ended), and the name is marked on the session's current
-// connection (a replaced session lost the marker). Failures leave the
-// waiter polling.
-func (w *waitReg) Wake() <-chan struct{} {
-	if w.notify {
-		if !w.f.lis.isRunning() {
-			w.f.lis.ensure(w.ctx)
-		}
-		if w.s.generation() != w.gen.Load() {
-			w.f.markWaiter(w)
-		}
-	}
-	return w.ch
-}
-
-// Close ends the wait: the next waiter of the queue is woken if this one
-// was first, and the marker is dropped when the last local waiter of the
-// name on its session leaves.
-func (w *waitReg) Close() {
-	f := w.f
-	f.mu.Lock()
-	i := slices.Index(w.e.queue, w)
-	w.e.queue = slices.Delete(w.e.queue, i, i+1)
-	if i == 0 && len(w.e.queue) > 0 {
-		w.e.queue[0].wake()
-	}
-	f.mu.Unlock()
-	f.lis.unsubscribe(w)
-	f.dropIntent(w)
-	if !w.marked {
-		return
-	}
-	// The wait may have ended with its context.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.f.set.stmtTimeout)
-	defer cancel()
-	w.s.do(ctx, false, func(sc *sessionConn) error {
-		if sc.s.gen != w.gen.Load() {
-			return nil // the session, and its marker, are gone
-		}
-		s := sc.s
-		s.waits[w.key]--
-		if s.waits[w.key] > 0 {
-			return nil
-		}
-		delete(s.waits, w.key)
-		var pid int32
-		if err := sc.queryRow("SELECT pg_advisory_unlock_shared($1::int8), pg_backend_pid()", w.key).Scan(nil, &pid); err != nil {
-			return sc.failed("waiting", err)
-		}
-		return sc.checkPID(pid)
-	})
-}
-
-// holdIntent takes the name's intent key for w, a writer that waits in
-// notify mode (not blocked in Postgres's queue of the key, which keeps
-// readers out by itself), unless its session holds it for another of its
-// writers: a shared Acquire finds it held and waits behind the writer
-// (WithShared). Held by another session's writer, it is tried again at
-// w's next attempt. It goes with the session, so a killed process frees
-// it.
-func (f *Factory) holdIntent(w *waitReg) error {
 	return w.s.do(w.ctx, true, func(sc *sessionConn) error {
-		s, k := sc.s, w.e.keys.intent
-		if w.intent && w.igen == s.gen {
+		s := sc.s
+		if k.on && k.gen == s.gen {
 			return nil
 		}
-		w.intent, w.igen = false, s.gen
-		if s.waits[k] == 0 {
-			var ok bool
-			var pid int32
-			if err := sc.queryRow("SELECT pg_try_advisory_lock($1::int8), pg_backend_pid()", k).Scan(&ok, &pid); err != nil {
+		*k = keyHold{gen: s.gen}
+		if s.waits[key] == 0 {
+			var (
+				ok  bool
+				pid int32
+			)
+			if err := sc.queryRow(take, key).Scan(&ok, &pid); err != nil {
 				return sc.failed("waiting", err)
 			}
 			if err := sc.checkPID(pid); err != nil || !ok {
 				return err
 			}
 		}
-		s.waits[k]++
-		w.intent = true
+		s.waits[key]++
+		k.on = true
 		return nil
 	})
 }
 
-// dropIntent gives up w's hold of the intent key, unlocking it when w was
-// its session's last writer holding it.
-func (f *Factory) dropIntent(w *waitReg) {
-	if !w.intent { // set and cleared only by the waiting goroutine, which calls Close
+// unmark gives back what mark took, with the statement give.
+func (w *waiter) unmark(k *keyHold, key int64, give string) {
+	if !k.on {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), f.set.stmtTimeout)
+	// The wait may have ended with its context.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.f.set.stmtTimeout)
 	defer cancel()
 	w.s.do(ctx, false, func(sc *sessionConn) error {
-		s, k := sc.s, w.e.keys.intent
-		if !w.intent || w.igen != s.gen {
-			return nil // never held, or gone with the session
+		s := sc.s
+		if k.gen != s.gen {
+			return nil // gone with the connection
 		}
-		w.intent = false
-		if s.waits[k]--; s.waits[k] > 0 {
+		k.on = false
+		if s.waits[key]--; s.waits[key] > 0 {
 			return nil
 		}
-		delete(s.waits, k)
+		delete(s.waits, key)
 		var pid int32
-		if err := sc.queryRow("SELECT pg_advisory_unlock($1::int8), pg_backend_pid()", k).Scan(nil, &pid); err != nil {
+		if err := sc.queryRow(give, key).Scan(nil, &pid); err != nil {
 			return sc.failed("waiting", err)
 		}
 		return sc.checkPID(pid)
 	})
 }
 
-// markWaiter takes the waiters marker for w on the session's current
-// connection, unless it holds it already.
-func (f *Factory) markWaiter(w *waitReg) error {
-	return w.s.do(w.ctx, true, func(sc *sessionConn) error {
-		s := sc.s
-		if w.marked && w.gen.Load() == s.gen {
-			return nil
-		}
-		w.marked = false
-		w.gen.Store(s.gen)
-		if s.waits[w.key] == 0 {
-			var pid int32
-			if err := sc.queryRow("SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1::int8)", w.key).Scan(&pid); err != nil {
-				return sc.failed("waiting", err)
-			}
-			if err := sc.checkPID(pid); err != nil {
-				return err
-			}
-		}
-		s.waits[w.key]++
-		w.marked = true
-		return nil
-	})
+// waitSessions are the sessions blocked waiters wait on, each then held
+// by the holder its wait got until that ends. Its mutex guards which are
+// claimed, and when opening one last failed.
+type waitSessions struct {
+	all  []*session
+	poll time.Duration // how long after a failed open none is claimed
+
+	mu      sync.Mutex
+	claimed map[*session]bool
+	failed  time.Time
 }
 
-func (l *listener) subscribe(w *waitReg) {
+// claim returns a free wait session, or nil.
+func (p *waitSessions) claim() *session {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.failed) < p.poll {
+		return nil
+	}
+	for _, s := range p.all {
+		if !p.claimed[s] {
+			if p.claimed == nil {
+				p.claimed = map[*session]bool{}
+			}
+			p.claimed[s] = true
+			return s
+		}
+	}
+	return nil
+}
+
+// free gives s back, if it is a claimed wait session.
+func (p *waitSessions) free(s *session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.claimed, s)
+}
+
+// unusable notes that a wait session could not be opened.
+func (p *waitSessions) unusable() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failed = time.Now()
+}
+
+// listener owns the connection that LISTENs for release notifications
+// while this factory has notified waiters, and wakes them.
+type listener struct {
+	f *Factory
+
+	startMu sync.Mutex // serialises start and stop
+
+	mu      sync.Mutex
+	running bool
+	stop    context.CancelFunc
+	done    chan struct{}
+	subs    map[int64]map[*waiter]struct{} // by waiters key
+	n       int
+	idle    *time.Timer
+	closed  bool
+	failed  time.Time // when starting last failed: retried once per poll interval
+}
+
+func newListener(f *Factory) *listener {
+	return &listener{f: f, subs: map[int64]map[*waiter]struct{}{}}
+}
+
+func (l *listener) subscribe(w *waiter) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.subs[w.key]
+	key := w.e.keys.waiters
+	m := l.subs[key]
 	if m == nil {
-		m = map[*waitReg]struct{}{}
-		l.subs[w.key] = m
+		m = map[*waiter]struct{}{}
+		l.subs[key] = m
 	}
 	m[w] = struct{}{}
 	l.n++
@@ -438,16 +532,17 @@ func (l *listener) subscribe(w *waitReg) {
 	}
 }
 
-func (l *listener) unsubscribe(w *waitReg) {
+func (l *listener) unsubscribe(w *waiter) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.subs[w.key]
+	key := w.e.keys.waiters
+	m := l.subs[key]
 	if _, ok := m[w]; !ok {
 		return
 	}
 	delete(m, w)
 	if len(m) == 0 {
-		delete(l.subs, w.key)
+		delete(l.subs, key)
 	}
 	l.n--
 	if l.n == 0 && l.running && l.idle == nil && !l.closed {
@@ -510,7 +605,7 @@ func (l *listener) loop(ctx context.Context, c *pgx.Conn, done chan struct{}) {
 			l.mu.Lock()
 			l.running = false
 			l.mu.Unlock()
-			// Waiters fall back to polling until a new listener starts.
+			// Waiters poll until a new listener starts.
 			l.broadcast()
 			return
 		}
@@ -530,25 +625,18 @@ func (l *listener) signal(key int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for w := range l.subs[key] {
-		w.wake()
+		w.signal()
 	}
 }
 
-// broadcast wakes every waiter, to try again.
+// broadcast wakes every notified waiter, to arm and try again.
 func (l *listener) broadcast() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, m := range l.subs {
 		for w := range m {
-			w.wake()
+			w.signal()
 		}
-	}
-}
-
-func (w *waitReg) wake() {
-	select {
-	case w.ch <- struct{}{}:
-	default: // one is pending already
 	}
 }
 
