@@ -974,6 +974,12 @@ func (s *suite) loss(t *testing.T) {
 	if !closed(h.Done()) || !errors.Is(h.Err(), lock.ErrLockLost) {
 		t.Fatalf("after a loss: Done closed %v, Err %v", closed(h.Done()), h.Err())
 	}
+	// A loss the backend finds says why, for an observer's metrics.
+	switch r := lock.ReasonOf(h.Err()); r {
+	case lock.ReasonExpired, lock.ReasonSession, lock.ReasonRemoved:
+	default:
+		t.Errorf("lock.ReasonOf(%v) = %q; want the loss to wrap lock.ErrLeaseExpired, ErrSessionEnded or ErrRemoved", h.Err(), r)
+	}
 	// The name is free again, for another client, within the bound.
 	h2 := s.acquireWithin(t, name, s.LossBound)
 	if h2.Token() <= h.Token() {

@@ -109,7 +109,7 @@ func (h *Holder) Release() error {
 		h.relErr = err
 		return err
 	case res == releaseNotHeld:
-		h.lose(fmt.Errorf("%w: %q was no longer held by its session", ErrLockLost, h.Name()))
+		h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "%q was no longer held by its session", h.Name()))
 		return h.state.Err()
 	}
 	h.f.dismiss(h, res == releaseGranted)

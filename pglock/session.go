@@ -411,7 +411,7 @@ func (s *session) failLocked(cause error) {
 	hs := s.holders
 	s.holders, s.netConn = map[*Holder]struct{}{}, nil
 	s.mu.Unlock()
-	lost := fmt.Errorf("%w: lock session ended: %w", ErrLockLost, cause)
+	lost := fmt.Errorf("%w: %w", backend.Loss(ErrLockLost, lock.ErrSessionEnded, "lock session ended"), cause)
 	for h := range hs {
 		h.lose(lost)
 	}

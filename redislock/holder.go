@@ -133,7 +133,7 @@ func (h *Holder) Release() error {
 		h.lose(found)
 	case v != 1:
 		h.left.Store(false)
-		h.lose(fmt.Errorf("%w: no longer held at release", ErrLockLost))
+		h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "no longer held at release"))
 	default:
 		h.left.Store(false)
 		if h.state.End() {
@@ -168,7 +168,7 @@ func (h *Holder) extend(ctx context.Context) error {
 	}
 	if v != 1 {
 		h.left.Store(false)
-		h.lose(fmt.Errorf("%w: no longer held at extend", ErrLockLost))
+		h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "no longer held at extend"))
 	} else if !h.f.rn.confirm(h, sent) {
 		// The holder gave the lock up (lost by its deadline, released or
 		// closed) while the extend was on its way: do not keep it.
@@ -209,7 +209,7 @@ func (h *Holder) expire() {
 	h.f.rn.mu.Lock()
 	cause := h.renewErr
 	h.f.rn.mu.Unlock()
-	err := fmt.Errorf("%w: lease not confirmed within %v", ErrLockLost, h.ls.ttl-h.ls.margin)
+	err := backend.Loss(ErrLockLost, lock.ErrLeaseExpired, "lease not confirmed within %v", h.ls.ttl-h.ls.margin)
 	if cause != nil {
 		// The renewal failures were logged at Debug: the loss's one line
 		// says why.

@@ -424,7 +424,7 @@ func (r *renewer) renewOn(cc *redis.ClusterClient, c Client, hs []*Holder, batch
 		backend.ReportRetried(h.ctx, h.opts, lock.Event{Backend: backendName, Op: lock.OpExtend, Name: h.name, Token: h.token, Latency: now.Sub(sent), Err: x.err})
 	}
 	for _, h := range lost {
-		h.lose(fmt.Errorf("%w: no longer held at renewal", ErrLockLost))
+		h.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "no longer held at renewal"))
 	}
 	if len(stray) > 0 {
 		rctx, rcancel := backend.ReleaseContext(context.Background())
