@@ -169,7 +169,7 @@ func TestMetrics(t *testing.T) {
 		"memlock/lost/lost":      {Value: 1},
 	})
 	h.want("lock.held", map[string]point{"memlock": {Value: 0}})
-	h.want("lock.lost", map[string]point{"memlock lock.reason=other": {Value: 1}})
+	h.want("lock.lost", map[string]point{"memlock lock.reason=removed": {Value: 1}})
 	// Held is measured on the factory's clock: 2 s, then 5 s.
 	h.want("lock.hold.duration", map[string]point{
 		"memlock/release/ok": {Count: 1, Sum: 2},

@@ -144,7 +144,7 @@ func TestMetrics(t *testing.T) {
 lock_held{backend="memlock"} 0
 # HELP lock_lost_total Locks lost while held, by why (expired, session, removed, max_hold, other), except to the factory's Close.
 # TYPE lock_lost_total counter
-lock_lost_total{backend="memlock",reason="other"} 1
+lock_lost_total{backend="memlock",reason="removed"} 1
 # HELP lock_operations_total Lock operations (acquire, release, extend, lost) by outcome.
 # TYPE lock_operations_total counter
 lock_operations_total{backend="memlock",op="acquire",outcome="locked"} 2
