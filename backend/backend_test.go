@@ -383,3 +383,25 @@ func TestStateBound(t *testing.T) {
 	s.Bound(&o, lost, nil, func(err error) { s.Lose(err) })
 	<-s.Done()
 }
+
+// A store's other records under its prefix are no names; a hashed long
+// name is listed as its escaped form.
+func TestListedName(t *testing.T) {
+	long := strings.Repeat("n", 200)
+	for _, c := range []struct {
+		esc, prefix, name string
+		match             bool
+	}{
+		{"jobs%2Fa", "jobs/", "jobs/a", true},
+		{"jobs%2Fa", "other", "jobs/a", false},
+		{backend.Escape(long), "nnn", backend.Escape(long), true},
+		{".fence", "", "", false},
+		{".done", "", "", false},
+		{"x~notahash", "", "", false},
+	} {
+		name, match := backend.ListedName(c.esc, c.prefix)
+		if name != c.name || match != c.match {
+			t.Errorf("ListedName(%q, %q) = %q, %v; want %q, %v", c.esc, c.prefix, name, match, c.name, c.match)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -93,13 +94,21 @@ func unhex(c byte) int {
 // long name, esc. match reports whether it belongs under prefix; a hashed
 // name matches when its visible part begins with the whole escaped prefix
 // (so one under a prefix longer than that part is not listed).
+// Anything else under a store's prefix (etcdlock's fence and ledger
+// records, <prefix>.fence/ and <prefix>.done/) is no name: match is false.
 func ListedName(esc, prefix string) (name string, match bool) {
 	if n, ok := unescape(esc); ok {
 		return n, strings.HasPrefix(n, prefix)
 	}
-	visible, _, _ := strings.Cut(esc, "~")
+	visible, sum, ok := strings.Cut(esc, "~")
+	if !ok || len(sum) != 2*sha256.Size || strings.Trim(sum, "0123456789abcdef") != "" || strings.TrimFunc(visible, escapedRune) != "" {
+		return "", false
+	}
 	return esc, strings.HasPrefix(visible, escapeBytes(prefix))
 }
+
+// escapedRune reports whether r may appear in Escape's output before '~'.
+func escapedRune(r rune) bool { return r < 0x80 && (safe(byte(r)) || r == '%') }
 
 // ListDir is the List of a backend that keeps each name's state in files
 // of one directory (flock, filelock). It reads the directory (from dir,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -113,6 +114,9 @@ func (f *Fence) Apply(ctx context.Context, key string, token uint64, ops ...clie
 	cur := "a higher token"
 	if r := resp.Responses[0].GetResponseRange(); r != nil && len(r.Kvs) > 0 {
 		cur = string(r.Kvs[0].Value)
+		if n, err := strconv.ParseUint(cur, 10, 64); err == nil {
+			cur = strconv.FormatUint(n, 10) // stored zero-padded (fenceValue)
+		}
 	}
 	return fmt.Errorf("etcdlock: %w: %q: token %d is below %s", lock.ErrStaleToken, key, token, cur)
 }

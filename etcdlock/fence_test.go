@@ -78,6 +78,22 @@ func TestFenceAndLedgerKeys(t *testing.T) {
 		}
 		h.Release()
 	}
+	// List sees the locks, not the records beside them.
+	h, err := fac.Acquire(ctx, "y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for info, err := range fac.List(ctx, "") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed = append(listed, info.Name)
+	}
+	if len(listed) != 1 || listed[0] != "y" {
+		t.Fatalf("List with fence and ledger records beside one lock: %q; want [y]", listed)
+	}
+	h.Release()
 	// The operator's re-run: delete the record.
 	if _, err := cli.Delete(ctx, l.Key("x")); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,17 @@ func RunFence(t *testing.T, newFence NewFence) {
 			case !s.ok && (errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrLockLost)):
 				t.Fatalf("step %d: ErrStaleToken must not match lock errors: %v", i, err)
 			}
+		}
+	})
+	t.Run("Message", func(t *testing.T) {
+		f := newFence(t)
+		k := prefix(t) + "k"
+		if err := f.RejectIfStale(ctxT(t), k, 42); err != nil {
+			t.Fatal(err)
+		}
+		err := f.RejectIfStale(ctxT(t), k, 1)
+		if !errors.Is(err, lock.ErrStaleToken) || !strings.Contains(err.Error(), "token 1 is below 42") {
+			t.Errorf("a stale token's error = %v; want it to say %q, the tokens as plain numbers", err, "token 1 is below 42")
 		}
 	})
 	t.Run("Keys", func(t *testing.T) {
