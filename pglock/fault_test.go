@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/internal/testenv"
@@ -582,5 +583,46 @@ func TestWaiterConnectionDropped(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the waiter did not return within 30s of its connections closing")
+	}
+}
+
+// A server that ends idle sessions (idle_session_timeout, here set for the
+// pool's connections) does not end a lock session between its health
+// checks, with the locks it holds.
+func TestIdleSessionTimeoutKeepsLocks(t *testing.T) {
+	pool := newPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["idle_session_timeout"] = "200"
+	})
+	var version int
+	if err := pool.QueryRow(ctxT(t), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 140000 {
+		t.Skipf("PostgreSQL %d has no idle_session_timeout", version)
+	}
+	f := newFactory(t, pool, pglock.WithHealthInterval(5*time.Second))
+	name := uniq(t)
+	h, err := f.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	// Idle for three times the server's timeout: it would have ended it.
+	watch := newPool(t)
+	testenv.Eventually(t, 15*time.Second, "the lock session idle for 600ms", func() bool {
+		var idle bool
+		err := watch.QueryRow(ctxT(t), "SELECT state = 'idle' AND now() - state_change > interval '600 ms' FROM pg_stat_activity WHERE pid = $1", h.BackendPID()).Scan(&idle)
+		if errors.Is(err, pgx.ErrNoRows) {
+			t.Fatalf("the lock session (pid %d) ended while idle", h.BackendPID())
+		}
+		return err == nil && idle
+	})
+	select {
+	case <-h.Done():
+		t.Fatalf("lost: %v", h.Err())
+	default:
+	}
+	if _, err := newFactory(t, watch).Acquire(ctxT(t), name); !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("another factory's Acquire = %v; want ErrLocked", err)
 	}
 }

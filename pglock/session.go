@@ -116,7 +116,7 @@ func (s *session) open(ctx context.Context) error {
 		// works with (see setup): no prepared statement behind a
 		// transaction pooler.
 		if err = checkVersion(c.PgConn().ParameterStatus("crdb_version")); err == nil {
-			err = c.QueryRow(sctx, s.f.st.sessionOpen, pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version)
+			err = c.QueryRow(sctx, s.f.st.sessionOpen, pgx.QueryExecModeSimpleProtocol, s.f.set.appName).Scan(&pid, &syncCommit, nil, &version, nil)
 		}
 		if err == nil || !pgconn.SafeToRetry(err) || tries <= 0 || ctx.Err() != nil {
 			return s.setUp(sctx, c, pid, syncCommit, version, err)
