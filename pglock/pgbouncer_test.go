@@ -47,6 +47,18 @@ func advisoryKeysHeld(t testing.TB, direct *pgxpool.Pool, names ...string) int {
 	return n
 }
 
+// setUpObjects makes sure pglock's objects exist (a factory creates them
+// at its first Acquire, not at NewFactory), so pglock_key can be called
+// on a server no test used yet.
+func setUpObjects(t testing.TB, direct *pgxpool.Pool) {
+	t.Helper()
+	h, err := newFactory(t, direct).Acquire(ctxT(t), uniq(t)+"/setup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+}
+
 // Behind a transaction-mode pooler the first Acquire is refused with
 // ErrSessionChanged, before anything is locked, and so is every later
 // one; after Close the server holds nothing of the names.
@@ -54,7 +66,7 @@ func TestPgBouncerTransactionModeRefused(t *testing.T) {
 	direct := newPool(t)
 	pool := bouncerPool(t, "transaction")
 	name, sem := uniq(t), uniq(t)+"/sem"
-	newFactory(t, direct).Close() // the objects exist, so pglock_key can be called
+	setUpObjects(t, direct)
 	f1, f2 := newFactory(t, pool), newFactory(t, pool)
 	calls := []struct {
 		f    *pglock.Factory
@@ -97,7 +109,7 @@ func TestPgBouncerTransactionModeRefused(t *testing.T) {
 func TestPgBouncerTransactionModeRefusedConcurrently(t *testing.T) {
 	direct := newPool(t)
 	pool := bouncerPool(t, "transaction")
-	newFactory(t, direct).Close()
+	setUpObjects(t, direct)
 	name := uniq(t)
 	var refused atomic.Int32
 	var wg sync.WaitGroup
