@@ -1,8 +1,9 @@
 // Package gocronlock runs gocron v2 jobs once across replicas, on any lock
-// backend of the family (or any lock.Locker): New is a gocron.Locker that
-// keeps a run's lock until the job's next tick, so replicas whose timers
-// fire apart do not run the same interval twice, and NewElector a
-// gocron.Elector for schedulers where one replica runs every job.
+// backend of the family (or any lock.Locker): New is a gocron.Locker whose
+// job lock stays with the replica that first ran the job, which runs every
+// tick while it lives, so replicas whose timers fire apart do not run the
+// same interval twice, and NewElector a gocron.Elector for schedulers
+// where one replica runs every job.
 //
 //	locks := redislock.NewFactory(rdb, redislock.WithTTL(10*time.Minute))
 //	s, err := gocron.NewScheduler(
@@ -151,37 +152,75 @@ func (a *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		ctx = context.Background()
 	}
 	name := a.cfg.prefix + key
-	j := a.tick(ctx, key)
-	r := &run{a: a, ctx: ctx, key: key, j: j, lost: make(chan struct{})}
+	j, kept := a.tick(ctx, key)
+	r := &run{a: a, ctx: ctx, key: key, j: j, lost: make(chan struct{}), ended: make(chan struct{})}
 	// The run registers under gocron's ctx; the acquires get a bounded one.
 	// Holders of the family do not depend on it once acquired.
 	actx, cancel := context.WithTimeout(ctx, a.cfg.lockTimeout)
 	defer cancel()
-	if d := a.cfg.resolution; d > 0 {
-		// PeriodKey truncates; shifted by d/2 it rounds, so that replicas
-		// firing just before and just after a tick on a multiple of d
-		// (cron times, clocks a little apart) meet on that tick's name.
-		tick := lock.PeriodKey(name, time.Now().Add(d/2), d)
-		h, err := a.l.Acquire(actx, tick)
-		if err != nil {
-			return nil, a.lockErr(ctx, key, "tick "+strings.TrimPrefix(tick, name+"@")+" already run", err)
+	if err := r.takeTick(actx, name); err != nil {
+		if kept != nil {
+			a.restore(ctx, j, kept) // still the job's owner
 		}
-		r.tick = a.hold(h)
+		return nil, err
 	}
-	h, err := a.l.Acquire(actx, name)
-	if err != nil {
+	if err := r.takeJob(actx, name, kept); err != nil {
 		if r.tick != nil {
 			// Nobody ran this tick here; a replica that fires later may.
 			_ = r.tick.release()
 		}
-		return nil, a.lockErr(ctx, key, "running elsewhere", err)
+		return nil, err
 	}
-	r.job, r.locked = a.hold(h), time.Now()
+	r.locked = time.Now()
 	if a.cfg.extendEvery > 0 {
 		r.watch(r.job)
 	}
 	runs.add(r)
 	return r, nil
+}
+
+// takeTick takes the lock of the tick (WithTickResolution), if any.
+func (r *run) takeTick(ctx context.Context, name string) error {
+	d := r.a.cfg.resolution
+	if d <= 0 {
+		return nil
+	}
+	// PeriodKey truncates; shifted by d/2 it rounds, so that replicas
+	// firing just before and just after a tick on a multiple of d (cron
+	// times, clocks a little apart) meet on that tick's name.
+	tick := lock.PeriodKey(name, time.Now().Add(d/2), d)
+	h, err := r.a.l.Acquire(ctx, tick)
+	if err != nil {
+		return r.a.lockErr(r.ctx, r.key, "tick "+strings.TrimPrefix(tick, name+"@")+" already run", err)
+	}
+	r.tick = r.a.hold(h)
+	return nil
+}
+
+// takeJob gives the run the job lock: kept, the one this replica kept
+// from the job's last run, if the store confirms it is still held, else a
+// new one.
+func (r *run) takeJob(ctx context.Context, name string, kept *hold) error {
+	a := r.a
+	if kept != nil {
+		switch held, err := kept.confirm(ctx); {
+		case err != nil:
+			// No answer: the tick is skipped, and the lock stays kept as
+			// its holder has it (its own renewals or loss decide).
+			a.restore(r.ctx, r.j, kept)
+			return a.lockErr(r.ctx, r.key, "", fmt.Errorf("confirming the kept job lock: %w", err))
+		case held:
+			r.job = kept
+			return nil
+		}
+		_ = kept.release() // lost since the last run: frees what is left
+	}
+	h, err := a.l.Acquire(ctx, name)
+	if err != nil {
+		return a.lockErr(r.ctx, r.key, "running elsewhere", err)
+	}
+	r.job = a.hold(h)
+	return nil
 }
 
 // hold wraps h, renewing it with lock.KeepAlive when WithExtendEvery asks.
@@ -206,6 +245,33 @@ func (h *hold) release() error {
 		h.stop()
 	}
 	return h.h.Release()
+}
+
+// confirm reports whether h, a job lock kept since the job's last run
+// here, is still held, asking the store where it can: a lease
+// (lock.Extender) is extended, which fails with lock.ErrLockLost once the
+// lock is no longer this holder's. A lock without a lease (a Postgres
+// session's, a kernel file lock) is held while its holder says so: its
+// backend watches it (see that backend's guide on loss). err is a failure
+// to get the store's answer, which leaves h as it was.
+func (h *hold) confirm(ctx context.Context) (held bool, err error) {
+	if h.h.Err() != nil || h.ctx != nil && h.ctx.Err() != nil {
+		return false, nil // lost, or a renewal by WithExtendEvery failed
+	}
+	if ext, ok := h.h.(lock.Extender); ok {
+		if err := ext.Extend(ctx); err != nil {
+			if errors.Is(err, lock.ErrLockLost) {
+				return false, nil
+			}
+			return false, err
+		}
+	}
+	select {
+	case <-h.h.Done():
+		return false, nil
+	default:
+		return true, nil
+	}
 }
 
 // lockErr is Lock's error for err from Acquire; ctx is gocron's.
@@ -248,12 +314,12 @@ func (a *Locker) releaseAt(ctx context.Context, h *hold, at time.Time) error {
 	return nil
 }
 
-// Close releases at once the locks still kept after their runs (for the
-// minimum hold, or until the job's next tick) and makes later Locks fail
-// with lock.ErrClosed. Call it after the schedulers have shut down; a
-// replica that fires for a tick this one has just run may then run it
-// again, so in production it is fine never to call Close and let the holds
-// end by themselves.
+// Close releases at once every lock still kept after its run (the job
+// locks of the jobs this replica runs, minimum holds, tick locks) and
+// makes later Locks fail with lock.ErrClosed. Call it after the schedulers
+// have shut down; a replica that fires for a tick this one has just run
+// may then run it again, so in production it is fine never to call Close
+// and let the holds end by themselves, at each job's would-be next tick.
 func (a *Locker) Close() error {
 	a.mu.Lock()
 	a.closed = true
@@ -300,20 +366,21 @@ type job struct {
 	key     jobKey
 	last    time.Time     // the latest Lock
 	gap     time.Duration // between the two latest Locks; 0 until seen
-	kept    *hold         // the job lock of the last run, kept until the next tick
+	kept    *hold         // the job lock of the last run, kept for the next
 	minEnd  time.Time     // when kept's minimum hold ends
 	ended   bool          // the job's context ended, or the Locker closed
 	unwatch func() bool   // stops the watch on the job's context
 }
 
-// tick records a Lock of the job named key and releases the job lock kept
-// from the job's previous run here, so that this tick may take it again.
-// It returns nil for a context that cannot say when the job ends
+// tick records a Lock of the job named key and hands over the job lock
+// kept from the job's previous run here, if any: Lock runs this tick on it
+// once the store confirms it, so the replica that runs a job keeps running
+// it. It returns a nil job for a context that cannot say when the job ends
 // (context.Background and the like): such runs are released after the
 // minimum hold, as there is no end to bound a longer hold by.
-func (a *Locker) tick(ctx context.Context, key string) *job {
+func (a *Locker) tick(ctx context.Context, key string) (*job, *hold) {
 	if ctx.Done() == nil || reflect.ValueOf(ctx).Kind() != reflect.Pointer {
-		return nil
+		return nil, nil
 	}
 	now := time.Now()
 	k := jobKey{ctx, key}
@@ -330,28 +397,22 @@ func (a *Locker) tick(ctx context.Context, key string) *job {
 	kept := j.kept
 	j.kept = nil
 	a.mu.Unlock()
-	if kept != nil {
-		if err := kept.release(); err != nil && !errors.Is(err, lock.ErrLockLost) {
-			a.cfg.log().Warn("gocronlock: release of the previous run's lock failed", "job", key, "err", err)
-		}
-	}
-	return j
+	return j, kept
 }
 
-// keep keeps the job lock of r, a run that ended, until the job's next
-// tick here (see tick). A job that has ended has no next tick: its lock is
+// keep keeps h, the job lock of a run that ended, for the job's next tick
+// here (see tick). A job that has ended has no next tick: its lock is
 // released when that tick would have come (the latest Lock plus the gap
-// between the two latest), and not before the minimum hold.
-func (a *Locker) keep(ctx context.Context, r *run) error {
-	minEnd := r.locked.Add(a.cfg.minHold)
-	j := r.j
+// between the two latest), and not before minEnd. Without a job (j nil),
+// it is released at minEnd.
+func (a *Locker) keep(ctx context.Context, j *job, h *hold, minEnd time.Time) error {
 	if j == nil {
-		return a.releaseAt(ctx, r.job, minEnd)
+		return a.releaseAt(ctx, h, minEnd)
 	}
 	a.mu.Lock()
 	if !j.ended && !a.closed {
 		old := j.kept
-		j.kept, j.minEnd = r.job, minEnd
+		j.kept, j.minEnd = h, minEnd
 		a.mu.Unlock()
 		if old != nil { // not expected: a second run held the job lock
 			_ = old.release()
@@ -360,7 +421,18 @@ func (a *Locker) keep(ctx context.Context, r *run) error {
 	}
 	end := j.last.Add(j.gap)
 	a.mu.Unlock()
-	return a.releaseAt(ctx, r.job, later(minEnd, end))
+	return a.releaseAt(ctx, h, later(minEnd, end))
+}
+
+// restore keeps again the job lock that tick handed to a Lock which did
+// not run the job, as the job's last run left it.
+func (a *Locker) restore(ctx context.Context, j *job, h *hold) {
+	a.mu.Lock()
+	minEnd := j.minEnd
+	a.mu.Unlock()
+	if err := a.keep(ctx, j, h, minEnd); err != nil && !errors.Is(err, lock.ErrLockLost) {
+		a.cfg.log().WarnContext(ctx, "gocronlock: release of a job lock failed", "job", j.key.name, "err", err)
+	}
 }
 
 // jobEnded releases, when the job's next tick would have come, the lock
@@ -405,17 +477,20 @@ type run struct {
 
 	lost     chan struct{} // closed when a renewal reported the loss
 	lostOnce sync.Once
+	ended    chan struct{} // closed by Unlock: the run's watches stop
 	unlock   sync.Once
 }
 
 // Unlock ends the run. gocron calls it, possibly with a context that is
 // already cancelled, which it ignores: the releases are bounded by the
-// backend. The job lock is kept until the job's next tick here (see the
-// package doc) and the tick lock until twice the tick resolution after
-// Lock, in the background. It reports a lock lost during the run.
+// backend. The job lock is kept for the job's next tick here (see the
+// guide), or until that tick would have come once the job has ended, and
+// the tick lock until twice the tick resolution after Lock, in the
+// background. It reports a lock lost during the run.
 func (r *run) Unlock(ctx context.Context) error {
 	var err error
 	r.unlock.Do(func() {
+		close(r.ended)
 		runs.remove(r)
 		if r.tick != nil {
 			if terr := r.a.releaseAt(ctx, r.tick, r.locked.Add(2*r.a.cfg.resolution)); terr != nil && !errors.Is(terr, lock.ErrLockLost) {
@@ -427,7 +502,7 @@ func (r *run) Unlock(ctx context.Context) error {
 			err = fmt.Errorf("gocronlock: job %q: %w", r.key, lerr)
 			return
 		}
-		if err = r.a.keep(ctx, r); err != nil {
+		if err = r.a.keep(ctx, r.j, r.job, r.locked.Add(r.a.cfg.minHold)); err != nil {
 			err = fmt.Errorf("gocronlock: job %q: %w", r.key, err)
 		}
 	})
@@ -448,10 +523,15 @@ func (r *run) lostErr() error {
 }
 
 // watch marks the run's lock lost when lock.KeepAlive gives up on h: a
-// renewal failed, or the holder reported the loss.
+// renewal failed, or the holder reported the loss. It stops when the run
+// ends; the lock, kept, is checked again at the next Lock.
 func (r *run) watch(h *hold) {
 	go func() {
-		<-h.ctx.Done()
+		select {
+		case <-h.ctx.Done():
+		case <-r.ended:
+			return
+		}
 		cause := context.Cause(h.ctx)
 		if !errors.Is(cause, lock.ErrLockLost) {
 			return // stopped by release
@@ -508,8 +588,10 @@ func (g *registry) get(ctx context.Context) *run {
 // context gocron passed in as ctx (the first parameter of a task
 // func(ctx context.Context, ...)), or nil when there is none: the job is not
 // running under a Locker, or ctx is not the one gocron gave the task (a
-// context derived from it does not count). Its Token is the run's fencing
-// token; its Done closes when the lock is lost (or released).
+// context derived from it does not count). Its Token is the job lock's
+// fencing token: the same for every run while this replica keeps the job,
+// larger once another replica has taken it. Its Done closes when the lock
+// is lost (or released).
 func JobHolder(ctx context.Context) lock.Holder {
 	if r := runs.get(ctx); r != nil {
 		return r.job.h
@@ -548,6 +630,7 @@ func JobContext(ctx context.Context) (context.Context, context.CancelFunc) {
 		case <-r.lost:
 			cancel(r.lostErr())
 		case <-cctx.Done():
+		case <-r.ended: // the lock outlives the run: stop watching it
 		}
 	}()
 	return cctx, func() { cancel(nil) }

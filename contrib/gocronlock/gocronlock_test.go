@@ -437,10 +437,10 @@ func TestUnusableLockerIsReportedAtStartup(t *testing.T) {
 
 // A run's job lock is kept until the job's next tick in this process: a
 // replica whose timer fires anywhere in between finds it taken, however
-// far apart the replicas' timers are. The job's own next tick takes it
-// again. When the job ends (its context is cancelled), the lock is kept
-// until the tick that will not come: the latest Lock plus the gap between
-// the two latest.
+// far apart the replicas' timers are. The job's own next tick runs on it
+// (TestOwnerKeepsJobLock). When the job ends (its context is cancelled),
+// the lock is kept until the tick that will not come: the latest Lock plus
+// the gap between the two latest.
 func TestRunLockKeptUntilNextTick(t *testing.T) {
 	f := memlock.NewFactory()
 	defer f.Close()
@@ -483,4 +483,147 @@ func TestRunLockKeptUntilNextTick(t *testing.T) {
 	if _, err := there.Lock(otherCtx, "job"); err != nil {
 		t.Fatalf("Lock after the job ended = %v", err)
 	}
+}
+
+// token is the fencing token of the holder of name, 0 when it is free.
+func token(t *testing.T, f *memlock.Factory, name string) uint64 {
+	t.Helper()
+	info, err := f.Inspect(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Holders) == 0 {
+		return 0
+	}
+	return info.Holders[0].Token
+}
+
+// The replica that ran a job keeps it: its next tick runs on the lock it
+// kept, never released in between (the token does not change), so a
+// replica firing at the same moment cannot slip in. A kept lock lost
+// between ticks is not run on: the owner's next tick competes for a new
+// one like any replica's.
+func TestOwnerKeepsJobLock(t *testing.T) {
+	f := memlock.NewFactory(memlock.WithLogger(nil))
+	defer f.Close()
+	here := gocronlock.New(f.AsLocker(), gocronlock.WithMinHold(0))
+	defer here.Close()
+	there := gocronlock.New(f.AsLocker(), gocronlock.WithMinHold(0))
+	defer there.Close()
+	hereJob, endHere := context.WithCancel(context.Background()) // gocron's job contexts
+	defer endHere()
+	thereJob, endThere := context.WithCancel(context.Background())
+	defer endThere()
+	run := func(l *gocronlock.Locker, ctx context.Context) error {
+		t.Helper()
+		lk, err := l.Lock(ctx, "job")
+		if err != nil {
+			return err
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock = %v", err)
+		}
+		return nil
+	}
+	if err := run(here, hereJob); err != nil {
+		t.Fatal(err)
+	}
+	first := token(t, f, "gocron:job")
+	for tick := range 3 {
+		if err := run(there, thereJob); !errors.Is(err, gocronlock.ErrLocked) {
+			t.Fatalf("tick %d: the other replica's Lock = %v, want ErrLocked", tick, err)
+		}
+		if err := run(here, hereJob); err != nil {
+			t.Fatalf("tick %d: the owner's Lock = %v", tick, err)
+		}
+		if got := token(t, f, "gocron:job"); got != first {
+			t.Fatalf("tick %d: the owner ran on token %d, want the kept lock's %d", tick, got, first)
+		}
+	}
+
+	// Lost between ticks, free: the owner takes a new lock.
+	f.ForceLoss("gocron:job")
+	if err := run(here, hereJob); err != nil {
+		t.Fatalf("Lock after the kept lock was lost = %v", err)
+	}
+	if got := token(t, f, "gocron:job"); got <= first {
+		t.Fatalf("after a loss the owner ran on token %d, want a new lock (> %d)", got, first)
+	}
+	// Lost, and another replica took the job first: it is that one's now.
+	f.ForceLoss("gocron:job")
+	if err := run(there, thereJob); err != nil {
+		t.Fatalf("the other replica's Lock after the loss = %v", err)
+	}
+	for range 2 {
+		if err := run(here, hereJob); !errors.Is(err, gocronlock.ErrLocked) {
+			t.Fatalf("the former owner's Lock = %v, want ErrLocked", err)
+		}
+		if err := run(there, thereJob); err != nil {
+			t.Fatalf("the new owner's Lock = %v", err)
+		}
+	}
+}
+
+// A kept lock the store cannot confirm (its Extend fails, not with a loss)
+// skips the tick with that failure, not contention, and stays kept: the
+// next tick that the store answers runs on it.
+func TestKeptLockUnconfirmed(t *testing.T) {
+	f := memlock.NewFactory()
+	defer f.Close()
+	l := &flakyLocker{l: f.AsLocker()}
+	here := gocronlock.New(l, gocronlock.WithMinHold(0))
+	defer here.Close()
+	job, end := context.WithCancel(context.Background())
+	defer end()
+	for tick := range 3 {
+		l.down.Store(tick == 1)
+		lk, err := here.Lock(job, "job")
+		if tick == 1 {
+			if err == nil || errors.Is(err, lock.ErrLocked) || !errors.Is(err, errStoreDown) {
+				t.Fatalf("Lock with the store down = %v, want its failure, not contention", err)
+			}
+			if token(t, f, "gocron:job") == 0 {
+				t.Fatal("the kept lock was released when the store did not answer")
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("tick %d: Lock = %v", tick, err)
+		}
+		lk.Unlock(job)
+	}
+	if n := l.acquires.Load(); n != 1 {
+		t.Fatalf("%d acquires, want 1: the owner runs on its kept lock", n)
+	}
+}
+
+var errStoreDown = errors.New("store unreachable")
+
+// flakyLocker's holders fail to extend while down is set, as a lease
+// backend's do when their store does not answer.
+type flakyLocker struct {
+	l        lock.Locker
+	down     atomic.Bool
+	acquires atomic.Int32
+}
+
+func (f *flakyLocker) Acquire(ctx context.Context, name string) (lock.Holder, error) {
+	f.acquires.Add(1)
+	h, err := f.l.Acquire(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return flakyHolder{h, f}, nil
+}
+
+type flakyHolder struct {
+	lock.Holder
+	f *flakyLocker
+}
+
+func (h flakyHolder) Extend(ctx context.Context) error {
+	if h.f.down.Load() {
+		return errStoreDown
+	}
+	return h.Holder.(lock.Extender).Extend(ctx)
 }

@@ -96,9 +96,10 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = p
 // WithMinHold makes the Locker keep a run's job lock at least until d has
 // passed since Lock, even when the job finished sooner. The release happens
 // in the background, so gocron is not held up. Runs under gocron keep the
-// lock longer anyway, until the job's next tick (see the guide); the
-// minimum bounds the hold of a job that ended after one tick, and of a Lock
-// whose context never ends (context.Background). 0 sets no minimum.
+// lock longer anyway: the replica that runs a job keeps it for the job's
+// next tick (see the guide); the minimum bounds the hold of a job that
+// ended after one tick, and of a Lock whose context never ends
+// (context.Background). 0 sets no minimum.
 // Default DefaultMinHold.
 func WithMinHold(d time.Duration) Option {
 	return nonNegative("WithMinHold", d, func(c *config) *time.Duration { return &c.minHold })

@@ -9,8 +9,9 @@
 // returns an error matching lock.ErrLocked and they skip the tick.
 // Underneath, gocronlock acquires "gocron:<job name>" from the backend's
 // Locker (whose lease renews while the job runs, so a job may outlast the
-// TTL) and keeps it after the run until the job's next tick on that
-// replica, which takes it again. That is what makes an interval run once:
+// TTL) and keeps it after the run for the job's next tick on that
+// replica, which runs on it: the replica that ran a job first keeps running
+// it while it lives. That is what makes an interval run once:
 // a DurationJob's phase is set by each scheduler's start, so replicas
 // deployed apart fire anywhere in the interval, and a lock released the
 // moment a 20ms job ended would let each of them run it again. Every job

@@ -14,7 +14,8 @@ import (
 // TestScenario runs three real gocron schedulers with default gocronlock
 // options, started a third of the interval apart as a rolling deploy does
 // (0, 267 and 533ms, a job every 800ms), until every replica fired four
-// ticks. Each tick must have run exactly once, and every skip must be
+// ticks. Each tick must have run exactly once, all on the replica that
+// ran the first (it keeps the job while it lives), and every skip must be
 // contention (ErrLocked), not a backend failure. On filelock (no
 // infrastructure) and redislock (the backend the scenario's code uses).
 func TestScenario(t *testing.T) {
@@ -32,10 +33,17 @@ func TestScenario(t *testing.T) {
 				t.Errorf("tick %d ran on replicas %v, want exactly one", tick, res.Runs[tick])
 			}
 		}
+		owners := map[int]bool{}
 		for tick, who := range res.Runs {
 			if len(who) > 1 {
 				t.Errorf("tick %d ran on replicas %v", tick, who)
 			}
+			for _, r := range who {
+				owners[r] = true
+			}
+		}
+		if len(owners) > 1 {
+			t.Errorf("the job moved between live replicas: runs %v", res.Runs)
 		}
 		for _, err := range res.LockErrs {
 			if !errors.Is(err, lock.ErrLocked) || !errors.Is(err, gocronlock.ErrLocked) {
