@@ -1,18 +1,13 @@
 package main
 
 import (
-	"archive/tar"
 	"archive/zip"
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,13 +24,6 @@ func (c change) String() string {
 		return c.Pkg + ": " + c.What
 	}
 	return c.Pkg + ": " + c.Name + ": " + c.What
-}
-
-// A module of one side of the comparison.
-type module struct {
-	Dir  string // relative to the tree, "." for the root
-	Path string
-	Go   string // the go directive
 }
 
 // checker compares the modules released at tag with the work tree.
@@ -280,138 +268,4 @@ func parseReport(pkg, out string) []change {
 		changes = append(changes, change{Pkg: pkg, Name: name, What: what})
 	}
 	return changes
-}
-
-// semverTag is a release tag of the root module.
-var semverTag = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$`)
-
-// lastRelease returns the highest release tag in HEAD's history, "" if
-// there is none. versionsort.suffix puts v1.2.0-rc.1 before v1.2.0.
-func lastRelease(repo string) (string, error) {
-	out, err := gitOut(repo, "-c", "versionsort.suffix=-", "tag", "-l", "v*", "--merged", "HEAD", "--sort=-v:refname")
-	if err != nil {
-		return "", err
-	}
-	for _, tag := range strings.Fields(out) {
-		if semverTag.MatchString(tag) {
-			return tag, nil
-		}
-	}
-	return "", nil
-}
-
-func tagExists(repo, tag string) (bool, error) {
-	err := exec.Command("git", "-C", repo, "rev-parse", "-q", "--verify", "refs/tags/"+tag).Run()
-	var exit *exec.ExitError
-	if errors.As(err, &exit) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-// extract writes the tree of rev into dir.
-func extract(repo, rev, dir string) error {
-	out, err := exec.Command("git", "-C", repo, "archive", "--format=tar", rev).Output()
-	if err != nil {
-		return fmt.Errorf("git archive %s: %v", rev, err)
-	}
-	tr := tar.NewReader(bytes.NewReader(out))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		name := filepath.Join(dir, filepath.FromSlash(h.Name))
-		switch h.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(name, 0o755)
-		case tar.TypeReg:
-			if err = os.MkdirAll(filepath.Dir(name), 0o755); err == nil {
-				var data []byte
-				if data, err = io.ReadAll(tr); err == nil {
-					err = os.WriteFile(name, data, 0o644)
-				}
-			}
-		case tar.TypeSymlink:
-			if err = os.MkdirAll(filepath.Dir(name), 0o755); err == nil {
-				err = os.Symlink(h.Linkname, name)
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// modules lists the modules of tree: the go.mod files among files (NUL-
-// separated paths relative to tree) outside testdata and vendor
-// directories, the root first.
-func modules(tree, files string) ([]module, error) {
-	var mods []module
-	for _, name := range strings.Split(files, "\x00") {
-		if name != "go.mod" && !strings.HasSuffix(name, "/go.mod") {
-			continue
-		}
-		if dirs := "/" + name; strings.Contains(dirs, "/testdata/") || strings.Contains(dirs, "/vendor/") {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(tree, filepath.FromSlash(name)))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // deleted in the work tree
-		}
-		if err != nil {
-			return nil, err
-		}
-		m := module{Dir: path.Dir(name), Path: directive(data, "module"), Go: directive(data, "go")}
-		if m.Path == "" {
-			return nil, fmt.Errorf("%s: no module directive", name)
-		}
-		mods = append(mods, m)
-	}
-	slices.SortFunc(mods, func(a, b module) int { return strings.Compare(a.Dir, b.Dir) })
-	return mods, nil
-}
-
-// directive returns the argument of a go.mod's one-line directive.
-func directive(gomod []byte, name string) string {
-	for _, line := range strings.Split(string(gomod), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == name {
-			return strings.Trim(f[1], `"`)
-		}
-	}
-	return ""
-}
-
-// versionLess compares Go versions such as 1.26 and 1.26.0.
-func versionLess(a, b string) bool {
-	as, bs := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; i < max(len(as), len(bs)); i++ {
-		var x, y int
-		if i < len(as) {
-			x, _ = strconv.Atoi(as[i])
-		}
-		if i < len(bs) {
-			y, _ = strconv.Atoi(bs[i])
-		}
-		if x != y {
-			return x < y
-		}
-	}
-	return false
-}
-
-func gitOut(dir string, args ...string) (string, error) {
-	out, err := exec.Command("git", append([]string{"-C", dir}, args...)...).Output()
-	if err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			return "", fmt.Errorf("git %s: %v\n%s", strings.Join(args, " "), err, exit.Stderr)
-		}
-		return "", err
-	}
-	return strings.TrimSpace(string(out)), nil
 }
