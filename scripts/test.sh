@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of every module with -race, after bringing up the services
-# the integration tests use and checking gofmt, go vet and staticcheck
-# (scripts/lint.sh). Under CI=true (or LOCK_REQUIRE_SERVICES=1) a service
+# the integration tests use and checking gofmt, go vet, staticcheck
+# (scripts/lint.sh) and the API against the last release
+# (internal/apicheck). Under CI=true (or LOCK_REQUIRE_SERVICES=1) a service
 # that cannot be reached fails the run instead of being skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,10 @@ fi
 # and runs packages in parallel, which a loop over modules would not.
 go vet github.com/ubgo/lock/...
 scripts/lint.sh
+# Every published module's exported API against the last release tag: an
+# incompatible change fails unless CHANGELOG.md's Unreleased section names
+# it under "### Breaking" (CONTRIBUTING.md, API stability).
+go run ./internal/apicheck
 # -p 3 on two cores: the long packages (redislock, etcdlock, chaos, tests)
 # spend most of their time waiting for leases to expire, failovers and
 # restarts, not computing; a third binary at a time fills that wait.

@@ -20,8 +20,10 @@ import (
 // TestRelease releases a copy of the work tree with scripts/release.sh and
 // installs the result the way a user would: go get of every published
 // module from a module proxy made of the release tags, then build and vet
-// a program that uses each. A require of a version that was never tagged
-// (v0.0.0) fails here, as it would for every user.
+// a program that uses each, and go install of the lock command at the
+// version (refused while a released go.mod has replace directives). A
+// require of a version that was never tagged (v0.0.0) fails here, as it
+// would for every user.
 func TestRelease(t *testing.T) {
 	const version = "v0.1.0"
 	// The tags a release makes, one per published module: a module that
@@ -53,7 +55,7 @@ func TestRelease(t *testing.T) {
 	git(t, repo, "add", "-A")
 	git(t, repo, "commit", "-q", "-m", "snapshot of the work tree")
 	snapshot := git(t, repo, "rev-parse", "HEAD")
-	replaces := replaceDirectives(t, repo)
+	replaces := replaceDirectives(t, repo, "HEAD")
 	step("copied the work tree")
 
 	release := func(args ...string) (string, error) {
@@ -112,24 +114,43 @@ func TestRelease(t *testing.T) {
 	if !sameSet(tags, wantTags) {
 		t.Fatalf("tags %v, want %v", tags, wantTags)
 	}
-	head := git(t, repo, "rev-parse", "HEAD")
+	// The release commit, which every tag names, follows the snapshot;
+	// then one commit puts the replace directives back.
+	released := git(t, repo, "rev-parse", version+"^{commit}")
 	for _, tag := range tags {
-		if c := git(t, repo, "rev-parse", tag+"^{commit}"); c != head {
-			t.Errorf("tag %s is on %s, not the release commit %s", tag, c, head)
+		if c := git(t, repo, "rev-parse", tag+"^{commit}"); c != released {
+			t.Errorf("tag %s is on %s, not the release commit %s", tag, c, released)
 		}
 	}
-	if head != snapshot && git(t, repo, "rev-parse", "HEAD^") != snapshot {
+	if released != snapshot && git(t, repo, "rev-parse", released+"^") != snapshot {
 		t.Errorf("more than one release commit after the snapshot")
+	}
+	if head := git(t, repo, "rev-parse", "HEAD"); head != released && git(t, repo, "rev-parse", "HEAD^") != released {
+		t.Errorf("more than one commit after the release commit")
 	}
 	if s := git(t, repo, "status", "--porcelain"); s != "" {
 		t.Errorf("the release left the tree dirty:\n%s", s)
 	}
-	checkRequires(t, repo, version)
-	if got := replaceDirectives(t, repo); !slices.Equal(got, replaces) {
+	checkRequires(t, repo, version, version)
+	checkRequires(t, repo, "HEAD", version)
+	// No released go.mod of a published module has a replace directive
+	// (go install pkg@version refuses any); the tree goes on with them.
+	for _, r := range replaceDirectives(t, repo, version) {
+		for _, tag := range wantTags {
+			if dir := strings.TrimSuffix(tag, version); strings.HasPrefix(r, dir+"go.mod:") {
+				t.Errorf("at %s, a published module's %s", version, r)
+			}
+		}
+	}
+	if got := replaceDirectives(t, repo, "HEAD"); !slices.Equal(got, replaces) {
 		t.Errorf("replace directives changed:\n%v\nwere:\n%v", got, replaces)
 	}
-	// The workspace still builds from the tree.
+	// The workspace builds from the tree, and from the release commit.
 	goCmd(t, repo, append(os.Environ(), "GOWORK="+filepath.Join(repo, "go.work")), "list", "github.com/ubgo/lock/...")
+	atRelease := filepath.Join(work, "at-release")
+	git(t, repo, "worktree", "add", "-q", "--detach", atRelease, version)
+	goCmd(t, atRelease, append(os.Environ(), "GOWORK="+filepath.Join(atRelease, "go.work")), "list", "github.com/ubgo/lock/...")
+	git(t, repo, "worktree", "remove", atRelease)
 
 	step("released")
 	refused("released version", "already exists", "--apply", version)
@@ -152,9 +173,6 @@ func TestRelease(t *testing.T) {
 		}
 	}
 	goCmd(t, app, env, get...)
-	// The command is a tool of the user's module (its go.mod has
-	// replace directives, which go install pkg@version refuses).
-	goCmd(t, app, env, "get", "-tool", lockCmdPath+"@"+version)
 	step("go get")
 	writeFile(t, filepath.Join(app, "main.go"), appMain)
 	goCmd(t, app, env, "mod", "tidy")
@@ -163,12 +181,21 @@ func TestRelease(t *testing.T) {
 	step("go build")
 	goCmd(t, app, env, "vet", "./...")
 	step("go vet")
-	if out := goCmd(t, app, env, "tool", "lock", "help"); !strings.Contains(out, "lock run") {
-		t.Errorf("go tool lock help:\n%s", out)
+	// The command, installed as its guide says, outside any module and
+	// with no -mod=mod (which a user does not set).
+	bin := filepath.Join(work, "bin")
+	install := append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw -trimpath")
+	goCmd(t, work, install, "install", lockCmdPath+"@"+version)
+	help := exec.Command(filepath.Join(bin, "lock"), "help")
+	if out, err := help.CombinedOutput(); err != nil || !strings.Contains(string(out), "lock run") {
+		t.Errorf("the installed lock help: %v\n%s", err, out)
 	}
-	step("go tool lock")
+	step("go install " + lockCmdPath + "@" + version)
 	mods := listModules(t, app, env)
 	for _, p := range paths {
+		if p == lockCmdPath {
+			continue // installed, not required
+		}
 		m, ok := mods[p]
 		if !ok || m.Version != version || m.Replace != nil || !strings.HasPrefix(m.Dir, filepath.Join(work, "modcache")+string(filepath.Separator)) {
 			t.Errorf("%s in the user's build: %+v, want %s from the module cache", p, m, version)
@@ -354,15 +381,15 @@ func writeFile(t *testing.T, name, data string) {
 	}
 }
 
-// goModFiles parses every tracked go.mod of repo, by path.
-func goModFiles(t *testing.T, repo string) map[string]*modfile.File {
+// goModFiles parses every go.mod of repo at revision rev, by path.
+func goModFiles(t *testing.T, repo, rev string) map[string]*modfile.File {
 	t.Helper()
 	files := map[string]*modfile.File{}
-	for _, name := range strings.Fields(git(t, repo, "ls-files", "go.mod", "*/go.mod")) {
-		data, err := os.ReadFile(filepath.Join(repo, name))
-		if err != nil {
-			t.Fatal(err)
+	for _, name := range strings.Fields(git(t, repo, "ls-tree", "-r", "--name-only", rev)) {
+		if name != "go.mod" && !strings.HasSuffix(name, "/go.mod") {
+			continue
 		}
+		data := []byte(git(t, repo, "show", rev+":"+name) + "\n")
 		f, err := modfile.Parse(name, data, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -373,16 +400,16 @@ func goModFiles(t *testing.T, repo string) map[string]*modfile.File {
 }
 
 // checkRequires fails t unless every require of a module of the
-// repository, in every go.mod, is version.
-func checkRequires(t *testing.T, repo, version string) {
+// repository, in every go.mod at revision rev, is version.
+func checkRequires(t *testing.T, repo, rev, version string) {
 	t.Helper()
 	n := 0
-	for name, f := range goModFiles(t, repo) {
+	for name, f := range goModFiles(t, repo, rev) {
 		for _, r := range f.Require {
 			if r.Mod.Path == "github.com/ubgo/lock" || strings.HasPrefix(r.Mod.Path, "github.com/ubgo/lock/") {
 				n++
 				if r.Mod.Version != version {
-					t.Errorf("%s requires %s, want %s", name, r.Mod, version)
+					t.Errorf("at %s, %s requires %s, want %s", rev, name, r.Mod, version)
 				}
 			}
 		}
@@ -392,11 +419,12 @@ func checkRequires(t *testing.T, repo, version string) {
 	}
 }
 
-// replaceDirectives lists the replace directives of every go.mod.
-func replaceDirectives(t *testing.T, repo string) []string {
+// replaceDirectives lists the replace directives of every go.mod at
+// revision rev.
+func replaceDirectives(t *testing.T, repo, rev string) []string {
 	t.Helper()
 	var out []string
-	for name, f := range goModFiles(t, repo) {
+	for name, f := range goModFiles(t, repo, rev) {
 		for _, r := range f.Replace {
 			out = append(out, fmt.Sprintf("%s: %s => %s", name, r.Old, r.New))
 		}
