@@ -158,13 +158,10 @@ func runSpread(t *testing.T, newLocker func(*testing.T) lock.Locker, interval ti
 	}
 	wg.Wait()
 
-	// Replica i first fires at base+offsets[i]+interval. Counting periods
-	// start halfway between replica 0's phase and replica 1's, far from
-	// every replica's timer: period k is
-	// [base+interval/6+k·interval, base+interval/6+(k+1)·interval).
-	// Replica 0 alone fires in period 0; all three fire in periods 1 on,
-	// so waiting until replica 0 fired periods+1 times and the others
-	// periods times covers periods 0..periods.
+	// Replica i first fires at base+offsets[i]+interval. Replica 0 fires
+	// first and keeps the job, so the runs come at its phase; waiting
+	// until it fired periods+1 times and the others periods times covers
+	// periods 0..periods of it.
 	want := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -190,7 +187,13 @@ func runSpread(t *testing.T, newLocker func(*testing.T) lock.Locker, interval ti
 
 	mu.Lock()
 	defer mu.Unlock()
-	first := base.Add(interval / (2 * replicas))
+	if len(runs) == 0 {
+		t.Fatalf("no run; fires %v", fires)
+	}
+	// Periods are centred on the owner's phase, taken from the first run:
+	// a run late by less than half an interval (a loaded machine, a slow
+	// store) still counts in its own period.
+	first := runs[0].Add(-interval / 2)
 	perPeriod := make([][]int, periods+1)
 	for k, at := range runs {
 		p := int(at.Sub(first) / interval)
