@@ -331,6 +331,7 @@ func (r *Result) restMarkdown(b *strings.Builder) {
 			fmtDur(c.release.p50), fmtDur(c.release.p99), fmtDur(r.p50(idPglock, idle)))
 	}
 
+	r.mixMarkdown(w)
 	r.targetsMarkdown(w)
 	if ps := r.Problems(); len(ps) > 0 {
 		w("\n## Problems\n\n")
@@ -572,6 +573,7 @@ func (r *Result) Problems() []string {
 			}
 		}
 	}
+	ps = append(ps, r.mixProblems()...)
 	for _, c := range r.renewal {
 		if c.err != nil {
 			ps = append(ps, fmt.Sprintf("renewal %s: %v", c.id, c.err))
@@ -607,6 +609,15 @@ func (r *Result) Counts() map[string]int {
 				}
 				out[sec.name(c)+"/"+cd.String()+"/"+c.id] = n
 			}
+		}
+	}
+	for _, cd := range r.conditions() {
+		for _, c := range r.mix {
+			n := 0
+			for _, x := range c.res[cd] {
+				n += x.total
+			}
+			out["mix/"+cd.String()+"/"+c.id] = n
 		}
 	}
 	for _, c := range r.renewal {
