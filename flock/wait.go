@@ -3,7 +3,6 @@ package flock
 import (
 	"time"
 
-	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
 	"github.com/ubgo/lock/internal/dirwatch"
 )
@@ -38,10 +37,14 @@ type waiter struct {
 	*dirwatch.Subscription
 }
 
-// waiting describes the wait to backend.Wait.
-func (w *waiter) waiting(o *lock.Options, closed <-chan struct{}) backend.Waiting {
+// waiting describes the wait to backend.Wait; w is nil for a call that
+// does not wait.
+func (w *waiter) waiting(closed <-chan struct{}) backend.Waiting {
+	if w == nil {
+		return backend.Waiting{Locked: ErrLocked}
+	}
 	return backend.Waiting{
-		Wait: o.Wait, Locked: ErrLocked, Closed: closed,
+		Wait: true, Locked: ErrLocked, Closed: closed,
 		MinPoll: minPoll, MaxPoll: maxPollWatched, Subscribe: w.subscribe,
 	}
 }
@@ -54,7 +57,7 @@ func (w *waiter) subscribe() (backend.Subscription, error) {
 // hint caps the next poll at maxPollBlind when no inotify watch reports
 // other processes' releases.
 func (w *waiter) hint() time.Duration {
-	if w.Subscription != nil && !w.Watched() {
+	if w != nil && w.Subscription != nil && !w.Watched() {
 		return maxPollBlind
 	}
 	return 0
