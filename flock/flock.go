@@ -173,6 +173,9 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		w = &waiter{dir: dir, esc: c.esc}
 	}
 	return backend.Wait(ctx, w.waiting(f.ctx.Done()), func() (*Holder, time.Duration, error) {
+		if !w.turn() {
+			return nil, w.hint(), ErrLocked // others of this process wait ahead
+		}
 		h, err := c.try(a)
 		if err == nil {
 			if err = f.admit(h); err != nil {
