@@ -196,7 +196,7 @@ func (a *mutexAttempt) pick(l *look) (string, int, error) {
 		return "", -1, err
 	}
 	if live {
-		return "", -1, a.held(l, expires)
+		return "", -1, a.held(l, expires, false)
 	}
 	for _, p := range slotPaths(l.dir, l.esc, l.readers) {
 		_, live, expires, err := l.j.examine(p)
@@ -204,18 +204,21 @@ func (a *mutexAttempt) pick(l *look) (string, int, error) {
 			return "", -1, err
 		}
 		if live {
-			return "", -1, a.held(l, expires)
+			return "", -1, a.held(l, expires, true)
 		}
 	}
 	l.readers = 0
 	return mutexPath(l.dir, l.esc), -1, nil
 }
 
-// held reports the name busy until expires at the latest; a writer that
-// waits makes sure a live intent keeps new readers out meanwhile.
-func (a *mutexAttempt) held(l *look, expires time.Time) error {
+// held reports the name busy until expires at the latest. A writer that
+// waits for readers makes sure a live intent keeps new readers out
+// meanwhile, and keeps its own until it takes the name or gives up. One
+// that waits for another writer writes none: the readers that wait with
+// it are no stream yet, and may go first (see want).
+func (a *mutexAttempt) held(l *look, expires time.Time, readers bool) error {
 	l.soonest(expires)
-	if a.want != nil {
+	if a.want != nil && (readers || a.want.nonce != "") {
 		if err := a.want.hold(l.j, l.dir, l.esc, l.o); err != nil {
 			return err
 		}
