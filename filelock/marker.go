@@ -409,9 +409,9 @@ type counter struct {
 	valid bool // false: missing or corrupt, the clock floor alone applies
 	limit int  // 0: unknown
 	// readers: the reader slots 0 … readers-1 may hold markers. A reader
-	// that raises it syncs the counter before its marker appears, so no
-	// crash can leave a live reader beyond it; a writer that found every
-	// slot free lowers it to 0.
+	// that raises it syncs the counter, as its marker, before its Acquire
+	// returns, so no crash can leave a live reader beyond it; a writer
+	// that found every slot free lowers it to 0.
 	readers int
 }
 
@@ -467,6 +467,16 @@ func writeCounter(fd int, token uint64, limit, readers int) error {
 	if err := putCounter(fd, token, limit, readers); err != nil {
 		return err
 	}
+	return datasync(fd)
+}
+
+// syncCounter flushes the counter of esc to disk.
+func syncCounter(dir, esc string) error {
+	fd, err := open(counterPath(dir, esc), unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
 	return datasync(fd)
 }
 
