@@ -70,11 +70,13 @@ type look struct {
 
 // try makes one attempt under the name's guard: the limit checked, the
 // attempt's pick, the marker published. On contention it returns
-// ErrLocked and, when known, l.retryAt. Once the guard is let go, the new
-// marker (and a raised reader count) is synced and the holder admitted:
-// the guard is held for a few metadata calls, not for the disk, so
-// readers' syncs overlap and waiters' looks need not wait for them.
-func (c *call) try(a attempt) (*Holder, time.Time, error) {
+// ErrLocked and, when known, l.retryAt. Once the guard is let go,
+// published runs (the waiter's turn in its process ends: the next may
+// look, and readers get in together), then the new marker (and a raised
+// reader count) is synced and the holder admitted: the guard is held for
+// a few metadata calls, not for the disk, so readers' syncs overlap and
+// waiters' looks need not wait for them.
+func (c *call) try(a attempt, published func()) (*Holder, time.Time, error) {
 	g, err := lockGuard(c.ctx, c.dir, c.esc)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -85,6 +87,7 @@ func (c *call) try(a attempt) (*Holder, time.Time, error) {
 	if err != nil {
 		return nil, l.retryAt, err
 	}
+	published()
 	if err := l.sync(h); err != nil {
 		return nil, time.Time{}, h.discard(c.ctx, err)
 	}
