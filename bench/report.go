@@ -234,6 +234,7 @@ func (r *Result) contMarkdown(b *strings.Builder) {
 				r.contRow(b, c, cd, true)
 			}
 			floorNote(b, cs, cd)
+			flockNote(b, cs, cd)
 		}
 	}
 }
@@ -263,6 +264,30 @@ func floorNote(b *strings.Builder, cs []*contCase, cd cond) {
 		fmt.Fprintf(b, ", statements per acquisition %.1f against %.1f", w.ops, fw.ops)
 	}
 	b.WriteString(".\n")
+}
+
+// flockNote puts flock (a factory each) beside blocking flock(2) (the
+// gofrs/flock case) of the same table: the longest wait as a ratio, and
+// the re-takes of each.
+func flockNote(b *strings.Builder, cs []*contCase, cd cond) {
+	var ours, kernel *contCase
+	for _, c := range cs {
+		switch {
+		case c.err != nil:
+		case c.id == idFlock:
+			ours = c
+		case c.id == idGofrs:
+			kernel = c
+		}
+	}
+	if ours == nil || kernel == nil {
+		return
+	}
+	_, _, mw, _, _ := ours.agg(cd)
+	_, _, kmw, _, _ := kernel.agg(cd)
+	rt, _ := ours.retakeShare(cd)
+	krt, _ := kernel.retakeShare(cd)
+	fmt.Fprintf(b, "\nflock, a factory each, against blocking flock(2): max wait %s (re-takes %.0f %% against %.0f %%).\n", ratio(float64(mw), float64(kmw)), 100*rt, 100*krt)
 }
 
 func (r *Result) restMarkdown(b *strings.Builder) {
