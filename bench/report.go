@@ -234,6 +234,7 @@ func (r *Result) contMarkdown(b *strings.Builder) {
 				r.contRow(b, c, cd, true)
 			}
 			floorNote(b, cs, cd)
+			flockNote(b, cs, cd)
 		}
 	}
 }
@@ -263,6 +264,30 @@ func floorNote(b *strings.Builder, cs []*contCase, cd cond) {
 		fmt.Fprintf(b, ", statements per acquisition %.1f against %.1f", w.ops, fw.ops)
 	}
 	b.WriteString(".\n")
+}
+
+// flockNote puts flock (a factory each) beside blocking flock(2) (the
+// gofrs/flock case) of the same table: the longest wait as a ratio, and
+// the re-takes of each.
+func flockNote(b *strings.Builder, cs []*contCase, cd cond) {
+	var ours, kernel *contCase
+	for _, c := range cs {
+		switch {
+		case c.err != nil:
+		case c.id == idFlock:
+			ours = c
+		case c.id == idGofrs:
+			kernel = c
+		}
+	}
+	if ours == nil || kernel == nil {
+		return
+	}
+	_, _, mw, _, _ := ours.agg(cd)
+	_, _, kmw, _, _ := kernel.agg(cd)
+	rt, _ := ours.retakeShare(cd)
+	krt, _ := kernel.retakeShare(cd)
+	fmt.Fprintf(b, "\nflock, a factory each, against blocking flock(2): max wait %s (re-takes %.0f %% against %.0f %%).\n", ratio(float64(mw), float64(kmw)), 100*rt, 100*krt)
 }
 
 func (r *Result) restMarkdown(b *strings.Builder) {
@@ -331,6 +356,7 @@ func (r *Result) restMarkdown(b *strings.Builder) {
 			fmtDur(c.release.p50), fmtDur(c.release.p99), fmtDur(r.p50(idPglock, idle)))
 	}
 
+	r.mixMarkdown(w)
 	r.targetsMarkdown(w)
 	if ps := r.Problems(); len(ps) > 0 {
 		w("\n## Problems\n\n")
@@ -572,6 +598,7 @@ func (r *Result) Problems() []string {
 			}
 		}
 	}
+	ps = append(ps, r.mixProblems()...)
 	for _, c := range r.renewal {
 		if c.err != nil {
 			ps = append(ps, fmt.Sprintf("renewal %s: %v", c.id, c.err))
@@ -607,6 +634,15 @@ func (r *Result) Counts() map[string]int {
 				}
 				out[sec.name(c)+"/"+cd.String()+"/"+c.id] = n
 			}
+		}
+	}
+	for _, cd := range r.conditions() {
+		for _, c := range r.mix {
+			n := 0
+			for _, x := range c.res[cd] {
+				n += x.total
+			}
+			out["mix/"+cd.String()+"/"+c.id] = n
 		}
 	}
 	for _, c := range r.renewal {

@@ -106,6 +106,7 @@ type Result struct {
 	runs      []opSet // each run's cases, for the targets
 	contended []*contCase
 	semaphore []*contCase
+	mix       []*mixCase
 	renewal   []*renewCase
 	conns     []*connCase
 }
@@ -172,6 +173,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.PgCount {
 		pgCounts(ctx, e, r.contended, cfg.Contend, logf)
 	}
+	r.mix = filter(mixCases(e), func(c *mixCase) bool { return cfg.want("mix", c.id) })
+	logf("mix: %d cases of %d readers and a writer × %d rounds", len(r.mix), mixReaders, cfg.CRounds)
+	runMix(ctx, r.mix, cfg, sp)
+	e.closeFrom(m)
 
 	logf("renewal of %d held locks", cfg.Held)
 	r.renewal = runRenewal(ctx, e, logf)

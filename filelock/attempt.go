@@ -5,6 +5,7 @@ package filelock
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,36 +64,71 @@ type look struct {
 	j       *judge
 	readers int       // reader slots the counter records once the try is done
 	retryAt time.Time // when the earliest live marker's lease ends, or our intent is due
+	marker  *os.File  // the new marker, written but not yet synced
+	raised  bool      // the counter's readers went up: sync it too
 }
 
 // try makes one attempt under the name's guard: the limit checked, the
-// attempt's pick, the marker published, the holder admitted. On
-// contention it returns ErrLocked and, when known, l.retryAt.
-func (c *call) try(a attempt) (*Holder, time.Time, error) {
+// attempt's pick, the marker published. On contention it returns
+// ErrLocked and, when known, l.retryAt. Once the guard is let go,
+// published runs (the waiter's turn in its process ends: the next may
+// look, and readers get in together), then the new marker (and a raised
+// reader count) is synced and the holder admitted: the guard is held for
+// a few metadata calls, not for the disk, so readers' syncs overlap and
+// waiters' looks need not wait for them.
+func (c *call) try(a attempt, published func()) (*Holder, time.Time, error) {
 	g, err := lockGuard(c.ctx, c.dir, c.esc)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	defer g.unlock()
 	l := &look{call: c, g: g, ctr: readCounter(g.fd)}
-	l.j = &judge{log: backend.Log(c.o), name: c.name, ttl: c.ttl, now: time.Now()}
+	h, err := l.take(a)
+	g.unlock()
+	if err != nil {
+		return nil, l.retryAt, err
+	}
+	published()
+	if err := l.sync(h); err != nil {
+		return nil, time.Time{}, h.discard(c.ctx, err)
+	}
+	if err := c.f.admit(h); err != nil {
+		return nil, time.Time{}, h.discard(c.ctx, err)
+	}
+	return h, time.Time{}, nil
+}
+
+// take is try's work under the guard.
+func (l *look) take(a attempt) (*Holder, error) {
+	l.j = &judge{log: backend.Log(l.o), name: l.name, ttl: l.ttl, now: time.Now()}
 	if err := l.checkLimit(); err != nil {
-		return nil, time.Time{}, err
+		return nil, err
 	}
 	path, slot, err := a.pick(l)
 	if err != nil {
-		return nil, l.retryAt, err
+		return nil, err
 	}
 	h, err := l.publish(path, slot)
 	if err != nil {
-		return nil, l.retryAt, err
+		return nil, err
 	}
 	a.taken(l)
-	if err := c.f.admit(h); err != nil {
-		unix.Unlink(path)
-		return nil, time.Time{}, err
+	return h, nil
+}
+
+// sync makes the new marker durable, and the counter if the try raised
+// its reader count, before the holder is handed out.
+func (l *look) sync(h *Holder) error {
+	err := syncFile(h.path, l.marker)
+	if cerr := l.marker.Close(); err == nil {
+		err = cerr
 	}
-	return h, time.Time{}, nil
+	if err == nil && l.raised {
+		err = syncCounter(l.dir, l.esc)
+	}
+	if err != nil {
+		return fmt.Errorf("filelock: sync marker: %w", err)
+	}
+	return nil
 }
 
 // checkLimit refuses a limit other than the one live markers were taken
@@ -147,34 +183,34 @@ func (l *look) soonest(t time.Time) {
 }
 
 // publish writes the next token to the counter and the new holder's
-// marker, whole, at path: a temporary file, synced, then link(2), which
-// fails if a file is there.
+// marker, whole, at path: a temporary file, then link(2), which fails if a
+// file is there. The marker is synced once the guard is let go (try).
 func (l *look) publish(path string, slot int) (*Holder, error) {
 	h := l.newHolder(path, slot, nextToken(l.ctr, l.j.seen))
 	data := h.m.encode()
 	if len(data) > maxMarker {
 		return nil, fmt.Errorf("filelock: %w: owner and metadata make a marker of %d bytes, over %d", lock.ErrInvalidOption, len(data), maxMarker)
 	}
-	put := putCounter
-	if l.o.Shared && slot+1 > l.ctr.readers {
-		put = writeCounter // see counter.readers
-	}
-	if err := put(l.g.fd, h.token, l.limit, l.readers); err != nil {
+	l.raised = l.o.Shared && slot+1 > l.ctr.readers // see counter.readers
+	if err := putCounter(l.g.fd, h.token, l.limit, l.readers); err != nil {
 		return nil, fmt.Errorf("filelock: write counter: %w", err)
 	}
 	tmp := tempPath(l.dir, l.esc, newNonce()[:16])
-	if err := writeTemp(tmp, data); err != nil {
+	f, err := createTemp(tmp, data)
+	if err != nil {
 		return nil, fmt.Errorf("filelock: write marker: %w", err)
 	}
-	err := unix.Link(tmp, path)
+	err = unix.Link(tmp, path)
 	unix.Unlink(tmp)
-	if err == unix.EEXIST {
-		// Only a writer that ignores the guard can get here.
-		return nil, ErrLocked
-	}
 	if err != nil {
+		f.Close()
+		if err == unix.EEXIST {
+			// Only a writer that ignores the guard can get here.
+			return nil, ErrLocked
+		}
 		return nil, fmt.Errorf("filelock: publish marker: %w", err)
 	}
+	l.marker = f
 	return h, nil
 }
 
@@ -196,7 +232,7 @@ func (a *mutexAttempt) pick(l *look) (string, int, error) {
 		return "", -1, err
 	}
 	if live {
-		return "", -1, a.held(l, expires)
+		return "", -1, a.held(l, expires, false)
 	}
 	for _, p := range slotPaths(l.dir, l.esc, l.readers) {
 		_, live, expires, err := l.j.examine(p)
@@ -204,18 +240,21 @@ func (a *mutexAttempt) pick(l *look) (string, int, error) {
 			return "", -1, err
 		}
 		if live {
-			return "", -1, a.held(l, expires)
+			return "", -1, a.held(l, expires, true)
 		}
 	}
 	l.readers = 0
 	return mutexPath(l.dir, l.esc), -1, nil
 }
 
-// held reports the name busy until expires at the latest; a writer that
-// waits makes sure a live intent keeps new readers out meanwhile.
-func (a *mutexAttempt) held(l *look, expires time.Time) error {
+// held reports the name busy until expires at the latest. A writer that
+// waits for readers makes sure a live intent keeps new readers out
+// meanwhile, and keeps its own until it takes the name or gives up. One
+// that waits for another writer writes none: the readers that wait with
+// it are no stream yet, and may go first (see want).
+func (a *mutexAttempt) held(l *look, expires time.Time, readers bool) error {
 	l.soonest(expires)
-	if a.want != nil {
+	if a.want != nil && (readers || a.want.nonce != "") {
 		if err := a.want.hold(l.j, l.dir, l.esc, l.o); err != nil {
 			return err
 		}

@@ -120,7 +120,10 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 	a := newAttempt(c)
 	w := &waiter{dir: dir, esc: c.esc}
 	h, waited, err := backend.Wait(ctx, w.waiting(o, f.closing.Done()), func() (*Holder, time.Duration, error) {
-		h, retryAt, err := c.try(a)
+		if !w.turn() {
+			return nil, w.hint(time.Time{}), ErrLocked // others of this process wait ahead
+		}
+		h, retryAt, err := c.try(a, w.Close)
 		return h, w.hint(retryAt), err
 	})
 	if err != nil {

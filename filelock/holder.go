@@ -290,6 +290,18 @@ func (h *Holder) removeLocked(ctx context.Context) error {
 	return nil
 }
 
+// discard removes the marker of a holder that was never handed out, if it
+// is still its own, and returns err, why it was not.
+func (h *Holder) discard(ctx context.Context, err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.over = true
+	ctx, cancel := backend.ReleaseContext(ctx)
+	defer cancel()
+	h.removeLocked(ctx)
+	return err
+}
+
 // dropLocked removes the marker of a lock that was lost, if it is still
 // ours, so that others need not wait for its lease; no longer than until
 // the lease ends, when anyone may take it over anyway.

@@ -367,17 +367,29 @@ func open(path string, flags int, perm uint32) (int, error) {
 // fail the disk.
 var syncFile = func(path string, f *os.File) error { return f.Sync() }
 
-// writeTemp writes data to a new temporary file and syncs it, so that the
-// link or rename that follows makes a complete file visible.
-func writeTemp(path string, data []byte) error {
+// createTemp writes data to a new temporary file and returns it open, not
+// synced. The data is whole before the link or rename that follows makes
+// it visible; a sync, where one is needed, makes it durable.
+func createTemp(path string, data []byte) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	return f, nil
+}
+
+// writeTemp is createTemp, synced and closed.
+func writeTemp(path string, data []byte) error {
+	f, err := createTemp(path, data)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = syncFile(path, f)
-	}
+	err = syncFile(path, f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -397,9 +409,9 @@ type counter struct {
 	valid bool // false: missing or corrupt, the clock floor alone applies
 	limit int  // 0: unknown
 	// readers: the reader slots 0 … readers-1 may hold markers. A reader
-	// that raises it syncs the counter before its marker appears, so no
-	// crash can leave a live reader beyond it; a writer that found every
-	// slot free lowers it to 0.
+	// that raises it syncs the counter, as its marker, before its Acquire
+	// returns, so no crash can leave a live reader beyond it; a writer
+	// that found every slot free lowers it to 0.
 	readers int
 }
 
@@ -455,6 +467,16 @@ func writeCounter(fd int, token uint64, limit, readers int) error {
 	if err := putCounter(fd, token, limit, readers); err != nil {
 		return err
 	}
+	return datasync(fd)
+}
+
+// syncCounter flushes the counter of esc to disk.
+func syncCounter(dir, esc string) error {
+	fd, err := open(counterPath(dir, esc), unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
 	return datasync(fd)
 }
 

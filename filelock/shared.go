@@ -15,13 +15,18 @@ import (
 )
 
 // want is the intent marker <esc>.want of an exclusive Acquire that waits
-// (WithWait): written at its first look that finds the name held, and
-// rewritten while it waits, so that it lasts one stale window past the
-// writer's last look. New shared acquirers stay out while it is live
-// (writer preference); other writers do not. The writer removes it when
-// it takes the name or gives up; a writer that died leaves one that is
-// reclaimed like any marker: at once on this host, after its lease
-// elsewhere.
+// (WithWait): written at its first look that finds shared holders in its
+// way, and rewritten while it waits, so that it lasts one stale window
+// past the writer's last look. New shared acquirers stay out while it is
+// live (writer preference); other writers do not. A writer that waits for
+// another writer writes none: when that one leaves, the readers that
+// waited beside it get in together, and a stream of readers after them
+// meets the intent. The writer removes it when it takes the name or gives
+// up; a writer that died leaves one that is reclaimed like any marker: at
+// once on this host, after its lease elsewhere.
+//
+// An intent is not synced: it means something only while its writer
+// lives, and one torn by a crash is judged stale like any marker.
 type want struct {
 	nonce string    // the intent's, once written
 	due   time.Time // when ours is to be rewritten; zero until written
@@ -49,9 +54,11 @@ func (w *want) hold(j *judge, dir, esc string, o *lock.Options) error {
 		Acquired: now, Refreshed: now, Expires: now.Add(ttl), StaleAfter: ttl, Limit: 1, Owner: o.Owner,
 	}
 	tmp := tempPath(dir, esc, newNonce()[:16])
-	if err := writeTemp(tmp, im.encode()); err != nil {
+	f, err := createTemp(tmp, im.encode())
+	if err != nil {
 		return fmt.Errorf("filelock: write intent: %w", err)
 	}
+	f.Close()
 	if err := unix.Rename(tmp, wantPath(dir, esc)); err != nil {
 		unix.Unlink(tmp)
 		return fmt.Errorf("filelock: write intent: %w", err)

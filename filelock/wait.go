@@ -21,6 +21,10 @@ import (
 //     minPoll doubling to maxPollWatched (maxPollBlind without inotify),
 //     and at the moment the earliest live lease ends.
 //
+// Within a process, only the longest-waiting waiter of a name looks
+// (dirwatch's First); the others wait for its turn to end, which it does
+// as soon as its marker is published, before the marker's sync.
+//
 // Not a wait for a lock: a name's guard, held for a few system calls, is
 // queued for in this process and polled (guard.go).
 
@@ -37,11 +41,13 @@ type waiter struct {
 	*dirwatch.Subscription
 }
 
-// waiting describes the wait to backend.Wait.
+// waiting describes the wait to backend.Wait. An Acquire that finds
+// others of its process waiting queues behind them.
 func (w *waiter) waiting(o *lock.Options, closed <-chan struct{}) backend.Waiting {
 	return backend.Waiting{
 		Wait: o.Wait, Locked: ErrLocked, Closed: closed,
 		MinPoll: minPoll, MaxPoll: maxPollWatched, Subscribe: w.subscribe,
+		Queued: o.Wait && dirwatch.Subscribers(w.dir, w.esc) > 0,
 	}
 }
 
@@ -49,6 +55,19 @@ func (w *waiter) subscribe() (backend.Subscription, error) {
 	w.Subscription = dirwatch.Subscribe(w.dir, w.esc)
 	return w, nil
 }
+
+// Close ends the waiter's subscription, once its marker is published or
+// it gives up. If it was the first of its process, the others are woken:
+// the next one's turn has come.
+func (w *waiter) Close() {
+	if w.Subscription != nil && w.Leave() {
+		dirwatch.Signal(w.dir, w.esc)
+	}
+}
+
+// turn reports whether the waiter may look at the name: it is the first
+// of its process, or has not subscribed yet.
+func (w *waiter) turn() bool { return w.Subscription == nil || w.First() }
 
 // hint caps the next poll: at a moment after retryAt, when the earliest
 // live marker's lease ends, and at maxPollBlind when no inotify watch

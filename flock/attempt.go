@@ -33,7 +33,15 @@ func newCall(dir, esc string) *call {
 	return c
 }
 
-func (c *call) file(suffix string) string { return filepath.Join(c.dir, c.esc+suffix) }
+// file is the path of the name's file with suffix. dir is clean
+// (resolveDir) and esc has no separator or dot, so filepath.Join's
+// cleaning would change nothing.
+func (c *call) file(suffix string) string {
+	if os.IsPathSeparator(c.dir[len(c.dir)-1]) { // the root
+		return c.dir + c.esc + suffix
+	}
+	return c.dir + string(filepath.Separator) + c.esc + suffix
+}
 
 func (c *call) slotPath(i int) string { return c.file("." + strconv.Itoa(i) + ".lock") }
 
@@ -174,7 +182,7 @@ func (l *lockFile) moved(c *call) (bool, error) {
 // reused: the try that locks it checks it is still the path's.
 func (l *lockFile) why(c *call, spins int) error {
 	l.reused = true
-	rec, valid, _ := readRecord(l.fd)
+	rec, valid, _ := readCounter(l.fd)
 	switch {
 	case valid && rec.dead && spins < maxDeadSpins:
 		return errAgain
@@ -278,7 +286,7 @@ func (m *mutexAttempt) busy(c *call, spins int) error {
 // stamp finishes a try that locked the file: the next token and the
 // holder, written into the record.
 func (m *mutexAttempt) stamp(c *call) (*Holder, error) {
-	rec, valid, err := readRecord(m.fd)
+	rec, valid, err := readCounter(m.fd)
 	if err != nil {
 		m.close()
 		return nil, fmt.Errorf("flock: reading lock file: %w", err)
@@ -407,7 +415,7 @@ func (a *sharedAttempt) stamp(c *call) (h *Holder, limit int, err error) {
 
 // write is stamp's work under the guard.
 func (a *sharedAttempt) write(c *call, now time.Time) (token uint64, limit int, err error) {
-	rec, valid, err := readRecord(a.fd)
+	rec, valid, err := readCounter(a.fd)
 	converted := false
 	switch {
 	case err != nil:
@@ -530,7 +538,7 @@ func (s *semAttempt) lockName(c *call, spins int) error {
 // first writes the limit into a lock file nobody holds, keeping the
 // counter, and converts the lock to shared.
 func (s *semAttempt) first(c *call) error {
-	rec, valid, err := readRecord(s.fd)
+	rec, valid, err := readCounter(s.fd)
 	if err != nil {
 		s.close()
 		return fmt.Errorf("flock: reading lock file: %w", err)
@@ -566,7 +574,7 @@ func (s *semAttempt) first(c *call) error {
 // moment a sweep or a first member writing its limit over an old one.
 func (s *semAttempt) busy(c *call, spins int) error {
 	s.reused = true
-	rec, valid, _ := readRecord(s.fd)
+	rec, valid, _ := readCounter(s.fd)
 	switch {
 	case valid && rec.dead && spins < maxDeadSpins:
 		s.close()
@@ -587,7 +595,7 @@ func (s *semAttempt) check(c *call) error {
 	var rec record
 	var valid bool
 	if err := c.underGuard(func() (err error) {
-		rec, valid, err = readRecord(s.fd)
+		rec, valid, err = readCounter(s.fd)
 		return err
 	}); err != nil {
 		s.close()
@@ -661,7 +669,7 @@ func (s *semAttempt) stamp(c *call, i int) (*Holder, error) {
 	now := time.Now()
 	var token uint64
 	err := c.underGuard(func() error {
-		rec, valid, err := readRecord(s.fd)
+		rec, valid, err := readCounter(s.fd)
 		if err != nil {
 			return fmt.Errorf("flock: reading lock file: %w", err)
 		}

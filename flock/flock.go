@@ -168,8 +168,14 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 
 	a := newAttempt(c)
 	defer a.close()
-	w := &waiter{dir: dir, esc: c.esc}
-	return backend.Wait(ctx, w.waiting(o, f.ctx.Done()), func() (*Holder, time.Duration, error) {
+	var w *waiter // only a call that waits subscribes
+	if o.Wait {
+		w = &waiter{dir: dir, esc: c.esc}
+	}
+	return backend.Wait(ctx, w.waiting(f.ctx.Done()), func() (*Holder, time.Duration, error) {
+		if !w.turn() {
+			return nil, w.hint(), ErrLocked // others of this process wait ahead
+		}
 		h, err := c.try(a)
 		if err == nil {
 			if err = f.admit(h); err != nil {

@@ -143,7 +143,9 @@ func (f *Factory) admit(h *Holder) error {
 	if f.check > 0 && f.timer == nil {
 		f.timer = time.AfterFunc(f.check, f.verify)
 	}
-	h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
+	if h.opts.MaxHold > 0 { // h.lose, as a value, is an allocation
+		h.state.Bound(h.opts, ErrLockLost, nil, h.lose)
+	}
 	return nil
 }
 

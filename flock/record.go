@@ -2,6 +2,8 @@ package flock
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -52,30 +54,52 @@ const recordMagic = "ubgo-flock 1 "
 // it allocate without limit.
 const maxRecord = 1 << 20
 
-// encode returns the record as written to disk.
+// encode returns the record as written to disk. It appends rather than
+// formats: a record is written at every acquisition.
 func (r *record) encode() []byte {
-	var b bytes.Buffer
+	// The body goes after room for the header, which is put in front of
+	// it once its length and checksum are known.
+	const room = len(recordMagic) + 20 + 1 + 8 + 1
+	b := make([]byte, room, 256)
 	if r.name != "" {
-		fmt.Fprintf(&b, "name %q\n", r.name)
+		b = strconv.AppendQuote(append(b, "name "...), r.name)
+		b = append(b, '\n')
 	}
 	if r.limit > 0 {
-		fmt.Fprintf(&b, "limit %d\n", r.limit)
+		b = strconv.AppendInt(append(b, "limit "...), int64(r.limit), 10)
+		b = append(b, '\n')
 	}
-	fmt.Fprintf(&b, "token %d\n", r.token)
+	b = strconv.AppendUint(append(b, "token "...), r.token, 10)
+	b = append(b, '\n')
 	if r.dead {
-		b.WriteString("dead 1\n")
+		b = append(b, "dead 1\n"...)
 	}
 	if r.pid != 0 {
-		fmt.Fprintf(&b, "pid %d\nhost %q\nsince %s\n", r.pid, r.host, r.since.UTC().Format(time.RFC3339Nano))
+		b = strconv.AppendInt(append(b, "pid "...), int64(r.pid), 10)
+		b = strconv.AppendQuote(append(b, "\nhost "...), r.host)
+		b = r.since.UTC().AppendFormat(append(b, "\nsince "...), time.RFC3339Nano)
+		b = append(b, '\n')
 	}
 	if r.owner != "" {
-		fmt.Fprintf(&b, "owner %q\n", r.owner)
+		b = strconv.AppendQuote(append(b, "owner "...), r.owner)
+		b = append(b, '\n')
 	}
-	for _, k := range slices.Sorted(maps.Keys(r.meta)) {
-		fmt.Fprintf(&b, "meta %q %q\n", k, r.meta[k])
+	if len(r.meta) > 0 {
+		for _, k := range slices.Sorted(maps.Keys(r.meta)) {
+			b = strconv.AppendQuote(append(b, "meta "...), k)
+			b = strconv.AppendQuote(append(b, ' '), r.meta[k])
+			b = append(b, '\n')
+		}
 	}
-	body := b.Bytes()
-	return fmt.Appendf(nil, "%s%d %08x\n%s", recordMagic, len(body), crc32.ChecksumIEEE(body), body)
+	body := b[room:]
+	var sum [4]byte
+	binary.BigEndian.PutUint32(sum[:], crc32.ChecksumIEEE(body))
+	var head [room]byte
+	h := strconv.AppendInt(append(head[:0], recordMagic...), int64(len(body)), 10)
+	h = append(hex.AppendEncode(append(h, ' '), sum[:]), '\n')
+	start := room - len(h)
+	copy(b[start:], h)
+	return b[start:]
 }
 
 func writeRecord(fd sysFile, r *record) error {
@@ -87,17 +111,24 @@ func writeRecord(fd sysFile, r *record) error {
 
 // readRecord reads fd's record. ok is false when the file is empty,
 // damaged, or was caught half-written.
-func readRecord(fd sysFile) (r record, ok bool, err error) {
+func readRecord(fd sysFile) (r record, ok bool, err error) { return read(fd, true) }
+
+// readCounter is readRecord of the name's counter alone — limit, token,
+// dead — which is all an attempt needs: the holder's lines, and their
+// strings and time, are Inspect's.
+func readCounter(fd sysFile) (r record, ok bool, err error) { return read(fd, false) }
+
+func read(fd sysFile, holder bool) (r record, ok bool, err error) {
 	b := make([]byte, 512)
 	n, err := sysPread(fd, b, 0)
 	if err != nil {
 		return r, false, err
 	}
 	head, body, found := bytes.Cut(b[:n], []byte("\n"))
-	rest, magic := strings.CutPrefix(string(head), recordMagic)
-	sizeText, sumText, _ := strings.Cut(rest, " ")
-	size, err1 := strconv.Atoi(sizeText)
-	sum, err2 := strconv.ParseUint(sumText, 16, 32)
+	rest, magic := bytes.CutPrefix(head, []byte(recordMagic))
+	sizeText, sumText, _ := bytes.Cut(rest, []byte(" "))
+	size, err1 := strconv.Atoi(string(sizeText))
+	sum, err2 := strconv.ParseUint(string(sumText), 16, 32)
 	if !found || !magic || err1 != nil || err2 != nil || size < 0 || size > maxRecord {
 		return r, false, nil
 	}
@@ -118,45 +149,35 @@ func readRecord(fd sysFile) (r record, ok bool, err error) {
 	if crc32.ChecksumIEEE(body) != uint32(sum) {
 		return r, false, nil
 	}
-	r, err = parseBody(string(body))
+	r, err = parseBody(body, holder)
 	return r, err == nil, nil
 }
 
 var errField = errors.New("bad field")
 
-func parseBody(body string) (r record, err error) {
-	for line := range strings.Lines(body) {
-		key, val, found := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
+// parseBody parses a record's lines; without holder it skips the
+// holder's.
+func parseBody(body []byte, holder bool) (r record, err error) {
+	for len(body) > 0 {
+		var line []byte
+		line, body, _ = bytes.Cut(body, []byte("\n"))
+		key, val, found := bytes.Cut(line, []byte(" "))
 		if !found {
 			return r, errField
 		}
-		switch key {
-		case "name":
-			r.name, err = strconv.Unquote(val)
+		switch string(key) {
 		case "limit":
-			r.limit, err = strconv.Atoi(val)
+			r.limit, err = strconv.Atoi(string(val))
 			if err == nil && (r.limit < 0 || r.limit > MaxPermits) {
 				err = errField
 			}
 		case "token":
-			r.token, err = strconv.ParseUint(val, 10, 64)
+			r.token, err = strconv.ParseUint(string(val), 10, 64)
 		case "dead":
-			r.dead = val == "1"
-		case "pid":
-			r.pid, err = strconv.Atoi(val)
-		case "host":
-			r.host, err = strconv.Unquote(val)
-		case "since":
-			r.since, err = time.Parse(time.RFC3339Nano, val)
-		case "owner":
-			r.owner, err = strconv.Unquote(val)
-		case "meta":
-			var k, v string
-			if k, v, err = parseMeta(val); err == nil {
-				if r.meta == nil {
-					r.meta = map[string]string{}
-				}
-				r.meta[k] = v
+			r.dead = string(val) == "1"
+		default:
+			if holder {
+				err = r.parseHolder(string(key), string(val))
 			}
 		}
 		if err != nil {
@@ -164,6 +185,31 @@ func parseBody(body string) (r record, err error) {
 		}
 	}
 	return r, nil
+}
+
+// parseHolder parses one of the lines that say who holds the name.
+func (r *record) parseHolder(key, val string) (err error) {
+	switch key {
+	case "name":
+		r.name, err = strconv.Unquote(val)
+	case "pid":
+		r.pid, err = strconv.Atoi(val)
+	case "host":
+		r.host, err = strconv.Unquote(val)
+	case "since":
+		r.since, err = time.Parse(time.RFC3339Nano, val)
+	case "owner":
+		r.owner, err = strconv.Unquote(val)
+	case "meta":
+		var k, v string
+		if k, v, err = parseMeta(val); err == nil {
+			if r.meta == nil {
+				r.meta = map[string]string{}
+			}
+			r.meta[k] = v
+		}
+	}
+	return err
 }
 
 // parseMeta parses a meta line's value: two quoted strings and a space.

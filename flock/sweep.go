@@ -221,7 +221,7 @@ func readFence(ctx context.Context, dir string) (uint64, error) {
 	if err := lockSpin(ctx, fd, false); err != nil {
 		return 0, err
 	}
-	rec, valid, err := readRecord(fd)
+	rec, valid, err := readCounter(fd)
 	if err != nil {
 		return 0, fmt.Errorf("flock: reading %s: %w", fenceFile, err)
 	}
@@ -243,7 +243,7 @@ func raiseFence(dir string, token uint64) error {
 	if err := lockSpin(ctx, fd, true); err != nil {
 		return err
 	}
-	rec, valid, err := readRecord(fd)
+	rec, valid, err := readCounter(fd)
 	if err != nil {
 		return fmt.Errorf("flock: reading %s: %w", fenceFile, err)
 	}
@@ -306,7 +306,7 @@ func removeName(c *call, fd sysFile, n *nameFiles, idle time.Duration) (bool, er
 	if same, err := sysSameFile(fd, c.namePath); err != nil || !same {
 		return false, err
 	}
-	rec, valid, err := readRecord(fd)
+	rec, valid, err := readCounter(fd)
 	if err != nil {
 		return false, fmt.Errorf("flock: %w", err)
 	}

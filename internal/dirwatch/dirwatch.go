@@ -11,6 +11,7 @@
 package dirwatch
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -31,8 +32,8 @@ type hub struct {
 }
 
 type list struct {
-	ch   chan struct{} // closed and replaced at every wake-up
-	subs int
+	ch   chan struct{}   // closed and replaced at every wake-up
+	subs []*Subscription // in the order they subscribed
 }
 
 // mu guards every hub; wake-ups are rare next to the work of an attempt.
@@ -66,14 +67,15 @@ func Subscribe(dir, esc string) *Subscription {
 		l = &list{ch: make(chan struct{})}
 		h.names[esc] = l
 	}
-	l.subs++
 	if h.subs++; h.subs == 1 {
 		h.gen++
 		if h.w == nil {
 			h.w = start(dir)
 		}
 	}
-	return &Subscription{h: h, esc: esc, l: l, watched: h.w != nil}
+	s := &Subscription{h: h, esc: esc, l: l, watched: h.w != nil}
+	l.subs = append(l.subs, s)
+	return s
 }
 
 // Subscribers is how many waiters of this process are subscribed for esc
@@ -82,9 +84,19 @@ func Subscribers(dir, esc string) int {
 	mu.Lock()
 	defer mu.Unlock()
 	if h := hubs[dir]; h != nil && h.names[esc] != nil {
-		return h.names[esc].subs
+		return len(h.names[esc].subs)
 	}
 	return 0
+}
+
+// First reports whether s is the oldest subscription of its name in this
+// process: the waiter whose turn it is, for a backend that lets the
+// waiters of one process take a name in the order they came (and wakes
+// them, Signal, when the first one leaves).
+func (s *Subscription) First() bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return len(s.l.subs) > 0 && s.l.subs[0] == s
 }
 
 // Watched reports whether releases in other processes wake the waiter;
@@ -99,17 +111,27 @@ func (s *Subscription) Wake() <-chan struct{} {
 }
 
 // Close ends the subscription.
-func (s *Subscription) Close() {
+func (s *Subscription) Close() { s.Leave() }
+
+// Leave ends the subscription, as Close, and reports whether it was
+// First.
+func (s *Subscription) Leave() (first bool) {
 	mu.Lock()
 	defer mu.Unlock()
-	h := s.h
-	if s.l.subs--; s.l.subs == 0 {
+	h, l := s.h, s.l
+	i := slices.Index(l.subs, s)
+	if i < 0 {
+		return false // closed already
+	}
+	l.subs = slices.Delete(l.subs, i, i+1)
+	if len(l.subs) == 0 {
 		delete(h.names, s.esc)
 	}
 	if h.subs--; h.subs == 0 && h.w != nil {
 		gen := h.gen
 		time.AfterFunc(linger, func() { h.retire(gen) })
 	}
+	return i == 0
 }
 
 // retire stops the watch if no waiter came since generation gen left.
