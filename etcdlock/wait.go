@@ -28,15 +28,17 @@ import (
 // a waiter that was paused never takes a permit on an old answer), then
 // holds or watches its new window. Keys ahead may go out of order (a
 // waiter ahead gives up), but none can appear ahead: revisions only grow.
-// A watch of the window is created at the current revision, so that etcd
-// sends its events as they happen (a watch from an older revision waits
-// for etcd's catch-up, up to 100ms); the deletions between the last look
-// and its creation are covered by looking again when it starts later
-// (look's revision is its base). A watch broken or compacted is set up
-// again and followed by a look. Its own key's deletion the waiter learns
-// from the factory's watch of its keys (watch.go), and a lease that ends
-// from its session. It is not backend.Wait's loop of attempts: a queued
-// key needs no second attempt, and nothing polls.
+// So when the last read showed every key it waits for, a deletion among
+// them is counted without a look (see await for why its own key needs
+// none). A watch of the window is created at etcd's current revision, so
+// that etcd sends its events as they happen (a watch from an older
+// revision waits for etcd's catch-up, up to 100ms); the deletions between
+// the last read and its start are covered by looking again when it
+// starts after that read. A watch broken or compacted is set up again
+// the same way. Its own key's deletion the waiter learns from the
+// factory's watch of its keys (watch.go), and a lease that ends from its
+// session. It is not backend.Wait's loop of attempts: a queued key needs
+// no second attempt, and nothing polls.
 
 // A window is one waiting attempt's watches of the keys it waits for.
 // They share a gRPC stream of their own (metadata of the window's keeps it
