@@ -32,7 +32,8 @@ import (
 // them is counted without a look (see await for why its own key needs
 // none). A watch of the window is created at etcd's current revision, so
 // that etcd sends its events as they happen (a watch from an older
-// revision waits for etcd's catch-up, up to 100ms); the deletions between
+// revision waits for etcd's catch-up, up to 100ms, as one created while
+// etcd commits a write now and then does); the deletions between
 // the last read and its start are covered by looking again when it
 // starts after that read. A watch broken or compacted is set up again
 // the same way. Its own key's deletion the waiter learns from the
