@@ -27,10 +27,11 @@ type work struct {
 	ops     float64 // Postgres transactions (one per statement outside a transaction block), Redis commands, etcd unary RPCs
 	scripts float64 // Redis: EVAL, EVALSHA and FCALL (scripts and functions) among ops
 	writes  float64 // etcd: keys put and deleted
+	watch   float64 // etcd: watch responses sent (what a release costs the watchers it wakes)
 }
 
 func (w work) sub(v work) work {
-	return work{ops: w.ops - v.ops, scripts: w.scripts - v.scripts, writes: w.writes - v.writes}
+	return work{ops: w.ops - v.ops, scripts: w.scripts - v.scripts, writes: w.writes - v.writes, watch: w.watch - v.watch}
 }
 
 // counters reads the Redis and etcd counters. Postgres's is read by
@@ -89,8 +90,10 @@ func (c *counters) redisWork(ctx context.Context) (work, error) {
 }
 
 // etcdWork reads etcd's /metrics on its client URL: the unary RPCs it
-// handled (watches and lease keep-alives are streams and not in it) and
-// the keys it put and deleted.
+// handled (watches and lease keep-alives are streams and not in it), the
+// keys it put and deleted, and the messages its Watch streams sent (one
+// per watch response: an event batch, a creation, a cancellation, a
+// progress notice), where a wake-all shows up as one per waiter.
 func (c *counters) etcdWork(ctx context.Context) (work, error) {
 	ep := testenv.EtcdEndpoints()[0]
 	if !strings.Contains(ep, "://") {
@@ -120,6 +123,8 @@ func (c *counters) etcdWork(ctx context.Context) (work, error) {
 			into, seen = &w.ops, true
 		case strings.HasPrefix(line, "etcd_mvcc_put_total "), strings.HasPrefix(line, "etcd_mvcc_delete_total "):
 			into = &w.writes
+		case strings.HasPrefix(line, "grpc_server_msg_sent_total{") && strings.Contains(line, `grpc_service="etcdserverpb.Watch"`):
+			into = &w.watch
 		default:
 			continue
 		}

@@ -226,7 +226,7 @@ func (r *Result) contMarkdown(b *strings.Builder) {
 		if n != cfg.waiters() {
 			w("The network backends' cases with a factory (or client) per waiter, as %d processes would wait.\n\n", n)
 		}
-		w("Each waiter takes the lock and gives it back at once, for %v per round. Hand-off: from the holder calling Release to the next holder's Acquire returning, counted when the lock passes to another waiter. \"RTs\" is hand-off p50 over one round trip of the service (PING, SELECT 1, etcd Put) in the same condition. Server work per acquisition is counted by the server over the round: Postgres statements (the database's xact_commit, in one more round of 2 passes on connections of the case's own, idle CPUs only), Redis commands and the scripts among them (INFO commandstats), etcd unary RPCs and keys written (its /metrics). Re-takes: the share of acquisitions made by the waiter that had just released. Max wait is the longest single Acquire over all rounds (starvation); acquisitions per waiter show fairness. Exclusion: no two holders were ever seen inside at once.\n", cfg.Contend)
+		w("Each waiter takes the lock and gives it back at once, for %v per round. Hand-off: from the holder calling Release to the next holder's Acquire returning, counted when the lock passes to another waiter. \"RTs\" is hand-off p50 over one round trip of the service (PING, SELECT 1, etcd Put) in the same condition. Server work per acquisition is counted by the server over the round: Postgres statements (the database's xact_commit, in one more round of 2 passes on connections of the case's own, idle CPUs only), Redis commands and the scripts among them (INFO commandstats), etcd unary RPCs, keys written and watch responses sent (its /metrics). Re-takes: the share of acquisitions made by the waiter that had just released. Max wait is the longest single Acquire over all rounds (starvation); acquisitions per waiter show fairness. Exclusion: no two holders were ever seen inside at once.\n", cfg.Contend)
 		for _, cd := range r.conditions() {
 			w("\n### %s\n\n", condTitle(cd))
 			w("| case | kind | hand-off p50 | p99 | mean | RTs | acquires/s | × best peer | server work/acq | re-takes | max wait | per waiter | exclusion |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -440,14 +440,15 @@ func (c *contCase) perAcquire(cd cond) (work, bool) {
 			rr = []contRes{*c.count}
 		}
 	}
-	var ops, scripts, writes []float64
+	var ops, scripts, writes, watch []float64
 	for _, x := range rr {
 		if x.counted && x.total > 0 {
 			n := float64(x.total)
 			ops, scripts, writes = append(ops, x.work.ops/n), append(scripts, x.work.scripts/n), append(writes, x.work.writes/n)
+			watch = append(watch, x.work.watch/n)
 		}
 	}
-	return work{ops: median(ops), scripts: median(scripts), writes: median(writes)}, len(ops) > 0
+	return work{ops: median(ops), scripts: median(scripts), writes: median(writes), watch: median(watch)}, len(ops) > 0
 }
 
 func (c *contCase) workText(cd cond) string {
@@ -461,7 +462,7 @@ func (c *contCase) workText(cd cond) string {
 	case Redis:
 		return fmt.Sprintf("%.1f calls, %.1f scripts", w.ops, w.scripts)
 	case Etcd:
-		return fmt.Sprintf("%.1f RPCs, %.1f writes", w.ops, w.writes)
+		return fmt.Sprintf("%.1f RPCs, %.1f writes, %.1f watch responses", w.ops, w.writes, w.watch)
 	}
 	return "—"
 }

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -17,9 +17,9 @@ import (
 
 // An attempt is one key of one Acquire, on one lease: written (without
 // WithWait, only if a permit is free), with WithWait queued until fewer
-// than limit of the keys it waits for are ahead of it, then admitted as a
-// holder. Its methods are its phases, in the order they run, all on the
-// Acquire's goroutine.
+// than limit of the keys it waits for are ahead of it (see wait.go), then
+// admitted as a holder. Its methods are its phases, in the order they
+// run, all on the Acquire's goroutine.
 type attempt struct {
 	f   *Factory
 	ctx context.Context
@@ -28,13 +28,13 @@ type attempt struct {
 	s   *session
 
 	c       claim
-	val     string          // the key's value, a record
-	since   time.Time       // when the attempt began: the holder's Since
-	rev     int64           // the key's create revision once written: the token
-	sub     *waiter         // WithWait: the deletions under q.slots
-	ahead   map[string]bool // the keys it waits for
-	base    int64           // deletions up to this revision are reflected in ahead
-	blocked time.Time       // when it began to wait, if it had to
+	val     string    // the key's value, a record
+	since   time.Time // when the attempt began: the holder's Since
+	rev     int64     // the key's create revision once written: the token
+	ahead   []string  // WithWait: its window, the closest limit of the keys it waits for
+	all     bool      // no other key it waits for was ahead when ahead was read
+	base    int64     // the revision ahead was read at
+	blocked time.Time // when it began to wait, if it had to
 }
 
 // try puts the key in and returns the holder once it holds a permit.
@@ -48,8 +48,6 @@ func (a *attempt) try() (*Holder, error) {
 	var err error
 	switch {
 	case a.q.wait:
-		a.sub = a.w.subscribe(a.q.slots) // before the write: no deletion after it is missed
-		defer a.sub.Close()
 		if err = a.enqueue(); err == nil {
 			err = a.await()
 		}
@@ -198,18 +196,31 @@ func (a *attempt) tryFree() error {
 }
 
 // enqueue writes the key unless keys of another limit are there, and
-// reads the keys ahead of it in the same transaction.
+// reads its window in the same transaction: the keys of the name are read
+// after the new one, newest first, so the first that it waits for are
+// those just ahead of it (its own key comes first among exclusive keys).
 func (a *attempt) enqueue() error {
 	others, reads := a.q.otherLimits()
-	all := clientv3.OpGet(a.q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	window := a.q.window(a.q.limit + 1)
+	if a.q.shared {
+		window = a.q.window(a.q.limit)
+	}
 	for {
-		resp, err := a.write(false, others, []clientv3.Op{all}, reads)
+		resp, err := a.write(false, others, []clientv3.Op{window}, reads)
 		switch {
 		case err != nil:
 			return err
 		case resp.Succeeded:
 			a.base = a.rev
-			a.readAhead(resp.Responses[1].GetResponseRange().Kvs)
+			a.ahead = a.ahead[:0]
+			rr := resp.Responses[1].GetResponseRange()
+			for _, kv := range rr.Kvs {
+				if kv.CreateRevision < a.rev {
+					a.ahead = append(a.ahead, string(kv.Key))
+				}
+			}
+			a.all = !rr.More && len(a.ahead) <= a.q.limit
+			a.ahead = a.ahead[:min(len(a.ahead), a.q.limit)]
 			return nil
 		}
 		if err := a.q.mismatched(resp); err != nil {
@@ -221,23 +232,10 @@ func (a *attempt) enqueue() error {
 	}
 }
 
-// readAhead sets ahead to the keys of kvs created before the key that it
-// waits for, and reports whether the key itself is among kvs.
-func (a *attempt) readAhead(kvs []*mvccpb.KeyValue) (mine bool) {
-	a.ahead = map[string]bool{}
-	for _, kv := range kvs {
-		switch key := string(kv.Key); {
-		case key == a.c.key && kv.CreateRevision == a.rev:
-			mine = true
-		case kv.CreateRevision < a.rev && a.q.waitsFor(key):
-			a.ahead[key] = true
-		}
-	}
-	return mine
-}
-
-// await waits until fewer than limit keys it waits for are ahead: each
-// deletion the watch reports takes one off, with no request.
+// await waits until fewer than limit keys it waits for are ahead: it
+// watches its window and looks again when a key of it goes, when a watch
+// of it starts after the revision it was read at, or when its own key
+// may have gone.
 func (a *attempt) await() error {
 	if len(a.ahead) < a.q.limit {
 		return nil
@@ -246,9 +244,31 @@ func (a *attempt) await() error {
 	if !a.q.renew {
 		defer a.s.renewWhile()() // a lease that only Extend renews must live through the wait
 	}
+	wn := newWindow(a.f.cli)
+	defer wn.close()
+	mine := a.w.waitFor(a.c)
 	for len(a.ahead) >= a.q.limit {
+		wn.set(a.ahead)
 		select {
-		case <-a.sub.Wake():
+		case ev := <-wn.events:
+			if !slices.Contains(a.ahead, ev.key) || (ev.created != 0 && ev.created <= a.base) {
+				continue // an earlier window's, or nothing missed
+			}
+			if ev.created == 0 && a.all {
+				// Every key it waits for is in the window, and none can
+				// join it (revisions only grow): one fewer is left. Its
+				// own key is still its own unless its lease ended, which
+				// admit sees from the session's deadline even after a
+				// pause, or someone deleted it, which the factory's watch
+				// tells as it tells a holder.
+				a.ahead = slices.DeleteFunc(a.ahead, func(k string) bool { return k == ev.key })
+				continue
+			}
+		case <-mine:
+		case <-a.s.stop:
+			// The lease is lost: the key goes with it (or is deleted);
+			// queue again on a new one.
+			return a.withdraw(errRequeue)
 		case <-a.ctx.Done():
 			// Held as far as the watch told; whether etcd still answers,
 			// the probe says (see backend.Take).
@@ -256,39 +276,34 @@ func (a *attempt) await() error {
 		case <-a.f.ctx.Done():
 			return a.withdraw(lock.ErrClosed)
 		}
-		dels, resync := a.sub.next()
-		if resync {
-			if err := a.reread(); err != nil {
-				return err
-			}
-		}
-		for _, d := range dels {
-			switch {
-			case d.rev <= a.base:
-			case d.key == a.c.key:
-				return a.unwritten(errRequeue)
-			default:
-				delete(a.ahead, d.key)
-			}
+		if err := a.look(); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// reread reads the queue again once the watch was set up again: the
-// deletions in between may have been missed.
-func (a *attempt) reread() error {
-	g, err := a.f.cli.Get(a.ctx, a.q.slots, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		if a.ctx.Err() != nil && errors.Is(err, a.ctx.Err()) {
-			return a.withdraw(a.ctx.Err()) // the probe decides
-		}
+// look reads the window again, in a transaction that checks that the
+// key is still there: an answer of etcd's that is current, whatever the
+// waiter was told before (it may have been paused since).
+func (a *attempt) look() error {
+	resp, err := a.f.cli.Txn(a.ctx).If(clientv3.Compare(clientv3.CreateRevision(a.c.key), "=", a.rev)).
+		Then(a.q.window(a.q.limit, clientv3.WithMaxCreateRev(a.rev-1))).Commit()
+	switch {
+	case err != nil && a.ctx.Err() != nil && errors.Is(err, a.ctx.Err()):
+		return a.withdraw(a.ctx.Err()) // the probe decides
+	case err != nil:
 		return a.withdraw(fmt.Errorf("etcdlock: acquire: %w", err)) // a failure, not contention
-	}
-	a.base = g.Header.Revision
-	if !a.readAhead(g.Kvs) {
+	case !resp.Succeeded:
 		return a.unwritten(errRequeue)
 	}
+	a.base = resp.Header.Revision
+	a.ahead = a.ahead[:0]
+	rr := resp.Responses[0].GetResponseRange()
+	for _, kv := range rr.Kvs {
+		a.ahead = append(a.ahead, string(kv.Key))
+	}
+	a.all = !rr.More
 	return nil
 }
 

@@ -59,7 +59,8 @@ type Factory struct {
 	closed   bool
 	sessions map[time.Duration]*session // renewed leases shared by TTL
 	private  map[*session]struct{}      // one-holder leases (WithAutoRenew(false))
-	watches  map[string]*watcher        // by key prefix
+	watches  map[string]*watcher        // watches of its own keys, by scope
+	named    map[string]int             // watches of one name, per key prefix
 	used     map[string]uint64          // key names in use → claim id
 	claims   uint64
 	cleanups map[string]*cleanup // by name directory; see settle
@@ -81,7 +82,7 @@ func NewFactory(cli *clientv3.Client, opts ...Option) *Factory {
 		cli: cli, cfg: cfg, process: fmt.Sprintf("%d@%s", os.Getpid(), host), id: hex.EncodeToString(id[:]),
 		ctx: ctx, cancel: cancel,
 		sessions: map[time.Duration]*session{}, private: map[*session]struct{}{}, watches: map[string]*watcher{},
-		used: map[string]uint64{}, cleanups: map[string]*cleanup{},
+		named: map[string]int{}, used: map[string]uint64{}, cleanups: map[string]*cleanup{},
 	}
 }
 
@@ -127,7 +128,7 @@ func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Hold
 		return nil, 0, err
 	}
 	q := newQueue(name, o)
-	w, err := f.watch(ctx, q.prefix)
+	w, err := f.watch(ctx, q)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -186,7 +187,7 @@ func (f *Factory) AsLocker(opts ...Option) lock.Locker {
 // queue describes where one Acquire puts its key.
 type queue struct {
 	name   string
-	prefix string // the factory's watched prefix
+	prefix string // the factory's key prefix
 	dir    string // prefix + escaped name + "/"
 	slots  string // dir + limit + "/": the holders and waiters of this limit
 	keys   string // where its key goes: slots, or slots + "~" when shared
@@ -315,11 +316,19 @@ func (q *queue) mismatched(resp *clientv3.TxnResponse) error {
 	return nil
 }
 
-// waitsFor reports whether a key of q waits for key, one ahead of it: a
-// shared key waits only for the exclusive keys, an exclusive one for
-// every key. The revision order is the order of service, and a reader
-// that comes after a waiting writer waits behind it.
-func (q *queue) waitsFor(key string) bool { return !q.shared || !isShared(key) }
+// window reads the keys that a key of q waits for, newest first, at most
+// n: a shared key waits only for the exclusive keys, the range [slots,
+// slots~), an exclusive one for every key. The revision order is the order
+// of service, and a reader that comes after a waiting writer waits behind
+// it.
+func (q *queue) window(n int, opts ...clientv3.OpOption) clientv3.Op {
+	end := rangeEnd(q.slots)
+	if q.shared {
+		end = q.slots + sharedMark
+	}
+	return clientv3.OpGet(q.slots, append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(int64(n))}, opts...)...)
+}
 
 // spawn runs fn in a goroutine that Close waits for; it reports false, and
 // does not run fn, once the factory is closed.
@@ -371,6 +380,7 @@ func (f *Factory) Close() error {
 	clear(f.sessions)
 	clear(f.private)
 	clear(f.watches)
+	clear(f.named)
 	f.mu.Unlock()
 
 	f.cancel()

@@ -429,10 +429,13 @@ func (s *session) end() error {
 	return s.revoke()
 }
 
+// addHolder registers h with the session, unless the session is dead or
+// past its deadline: a process paused across its lease (SIGSTOP, a frozen
+// VM) may run again before the timer that ends the session fires.
 func (s *session) addHolder(h *Holder) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.dead {
+	if s.dead || !time.Now().Before(s.deadline) {
 		return false
 	}
 	s.holders[h] = struct{}{}

@@ -2,406 +2,144 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strings"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/ubgo/lock"
-	"github.com/ubgo/lock/backend"
+	"google.golang.org/grpc/metadata"
 )
 
 // Waiting. A waiting Acquire's key is queued in revision order, and the
-// transaction that writes it also reads the keys ahead of it (enqueue).
-// From then on it sends nothing: it waits for the deletion of the keys
-// ahead of it that it waits for, until fewer than its limit are left
-// (await). The deletions come from the factory's one watch of its key
-// prefix, which also tells holders that their key went (a loss). It is
-// not backend.Wait's loop of attempts: a queued key needs no second
-// attempt, and nothing polls. The watch misses no deletion of the
-// factory's keys, being in place before the first of them is written;
-// when it breaks (compaction, no leader) it is set up again, every held
-// key is read back and every waiter reads its queue again. Every factory
-// watching a prefix is sent each deletion under it: a release costs the
-// server one event per watching factory, no request.
+// transaction that writes it also reads the keys ahead of it that it
+// waits for (enqueue): the exclusive keys for a shared key, every key for
+// an exclusive one. It holds a permit once fewer than its limit of those
+// are left. Until then it watches the closest limit of them (its window:
+// the key just before its own for a mutex, the last exclusive key for a
+// reader, the limit keys just before it in a semaphore), each on a watch
+// of that one key, as concurrency.Mutex watches its predecessor: while
+// none of them goes, at least limit keys are ahead, whatever happens
+// further up the queue. A release therefore wakes the waiters that have
+// the released key in their window (one, for a mutex), not every waiter.
+//
+// A waiter woken by a deletion looks at the queue again (look: one read
+// transaction that also checks that its own key is still there, so that
+// a waiter that was paused never takes a permit on an old answer), then
+// holds or watches its new window. Keys ahead may go out of order (a
+// waiter ahead gives up), but none can appear ahead: revisions only grow.
+// So when the last read showed every key it waits for, a deletion among
+// them is counted without a look (see await for why its own key needs
+// none). A watch of the window is created at etcd's current revision, so
+// that etcd sends its events as they happen (a watch from an older
+// revision waits for etcd's catch-up, up to 100ms, as one created while
+// etcd commits a write now and then does); the deletions between
+// the last read and its start are covered by looking again when it
+// starts after that read. A watch broken or compacted is set up again
+// the same way. Its own key's deletion the waiter learns from the
+// factory's watch of its keys (watch.go), and a lease that ends from its
+// session. It is not backend.Wait's loop of attempts: a queued key needs
+// no second attempt, and nothing polls.
 
-// A watcher is the watch of one key prefix for the whole factory, and
-// what listens to it: the factory's keys (a deletion of a held key is a
-// loss) and the waiters.
-type watcher struct {
-	f      *Factory
-	prefix string
-	ready  chan struct{} // closed once the watch is established, or failed (err)
-	err    error
+// A window is one waiting attempt's watches of the keys it waits for.
+// They share a gRPC stream of their own (metadata of the window's keeps it
+// apart from the client's other watches), which ends with the last of
+// them: etcd is then sent no cancellation and answers none. A window whose
+// keys all change (a mutex's new predecessor) moves to a new stream for
+// that reason.
+type window struct {
+	cli    *clientv3.Client
+	ctx    context.Context // the current stream's
 	cancel context.CancelFunc
-
-	// Guarded by f.mu.
-	refs int
-	idle *time.Timer
-	dead bool
-
-	// Guarded by mu, with the waiters' fields.
-	mu      sync.Mutex
-	gen     uint64 // counts the times the watch was set up again
-	keys    map[string]*entry
-	waiters map[string]map[*waiter]struct{} // by slots directory
+	keys   map[string]context.CancelFunc // the watched keys
+	events chan windowEvent
+	wg     sync.WaitGroup
 }
 
-// entry is one of the factory's keys under the prefix. Key names are used
-// again, so deletions are told apart by revision: a deletion at or below
-// the key's create revision was of an earlier key of the same name.
-type entry struct {
-	claim   uint64
-	gen     uint64  // the watch generation its deletions are known from
-	h       *Holder // nil until admitted
-	goneRev int64   // the latest deletion seen before it was admitted
+// A windowEvent is what one watch of a window reports: that it started
+// after revision created, or (created 0) that its key was deleted.
+type windowEvent struct {
+	key     string
+	created int64
 }
 
-// admitted is what admit found.
-type admitted int
+// streams numbers the windows' streams.
+var streams atomic.Uint64
 
-const (
-	held       admitted = iota
-	gone                // the key is gone
-	unverified          // the watch was set up again since the key was written: read it back
-)
-
-type deletion struct {
-	key string
-	rev int64
+func newWindow(cli *clientv3.Client) *window {
+	return &window{cli: cli, keys: map[string]context.CancelFunc{}, events: make(chan windowEvent, 4)}
 }
 
-// A waiter is one queued attempt's subscription to the watch: the
-// deletions under its slots directory it has yet to look at. Its fields
-// are guarded by the watcher's mu; wake only signals.
-type waiter struct {
-	w      *watcher
-	slots  string
-	wake   chan struct{} // 1-buffered: something to look at
-	dels   []deletion
-	resync bool // deletions may have been missed: read the queue again
-}
-
-// subscribe starts collecting the deletions under slots, for an attempt
-// about to write its key there.
-func (w *watcher) subscribe(slots string) *waiter {
-	wt := &waiter{w: w, slots: slots, wake: make(chan struct{}, 1)}
-	w.mu.Lock()
-	set := w.waiters[slots]
-	if set == nil {
-		set = map[*waiter]struct{}{}
-		w.waiters[slots] = set
+// set watches exactly keys: the watches of keys no longer in the window
+// end, and the new ones start.
+func (wn *window) set(keys []string) {
+	in := map[string]bool{}
+	stays := false
+	for _, k := range keys {
+		in[k] = true
+		stays = stays || wn.keys[k] != nil
 	}
-	set[wt] = struct{}{}
-	w.mu.Unlock()
-	return wt
-}
-
-// Wake returns the channel that tells of deletions to look at.
-func (wt *waiter) Wake() <-chan struct{} { return wt.wake }
-
-// Close ends the subscription.
-func (wt *waiter) Close() {
-	w := wt.w
-	w.mu.Lock()
-	delete(w.waiters[wt.slots], wt)
-	if len(w.waiters[wt.slots]) == 0 {
-		delete(w.waiters, wt.slots)
+	if !stays {
+		wn.end()
+		ctx := metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(context.Background()), "ubgo-lock-wait", strconv.FormatUint(streams.Add(1), 10))
+		wn.ctx, wn.cancel = context.WithCancel(ctx)
 	}
-	w.mu.Unlock()
-}
-
-// next returns the deletions since the last call, and whether the queue
-// must be read again.
-func (wt *waiter) next() ([]deletion, bool) {
-	wt.w.mu.Lock()
-	defer wt.w.mu.Unlock()
-	dels, resync := wt.dels, wt.resync
-	wt.dels, wt.resync = nil, false
-	return dels, resync
-}
-
-// tellLocked adds d to what the waiter has to look at. w.mu is held.
-func (wt *waiter) tellLocked(d deletion) {
-	wt.dels = append(wt.dels, d)
-	wt.wakeUp()
-}
-
-// resyncLocked tells the waiter that deletions may have been missed.
-// w.mu is held.
-func (wt *waiter) resyncLocked() {
-	wt.resync = true
-	wt.wakeUp()
-}
-
-func (wt *waiter) wakeUp() {
-	select {
-	case wt.wake <- struct{}{}:
-	default:
-	}
-}
-
-// watchLinger is how long an unused watch is kept.
-const watchLinger = 2 * time.Second
-
-// watchSetup bounds the wait for etcd to confirm a new watch, as opTimeout
-// bounds a lease grant: Acquire waits for the watch whatever its context,
-// and an etcd that does not answer (down, stopped, without a leader) would
-// otherwise hold it for the whole outage.
-const watchSetup = opTimeout
-
-// watch returns the established watcher of prefix, with a reference the
-// caller drops with unrefWatch.
-func (f *Factory) watch(ctx context.Context, prefix string) (*watcher, error) {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		return nil, lock.ErrClosed
-	}
-	w := f.watches[prefix]
-	if w == nil {
-		wctx, cancel := context.WithCancel(f.ctx)
-		w = &watcher{f: f, prefix: prefix, ready: make(chan struct{}), cancel: cancel,
-			keys: map[string]*entry{}, waiters: map[string]map[*waiter]struct{}{}}
-		f.watches[prefix] = w
-		f.goLocked(func() { w.run(wctx) })
-	}
-	w.refs++
-	if w.idle != nil {
-		w.idle.Stop()
-		w.idle = nil
-	}
-	f.mu.Unlock()
-	select {
-	case <-w.ready:
-	case <-ctx.Done():
-		f.unrefWatch(w)
-		return nil, ctx.Err()
-	}
-	if w.err != nil {
-		f.unrefWatch(w)
-		return nil, w.err
-	}
-	return w, nil
-}
-
-func (f *Factory) refWatch(w *watcher) {
-	f.mu.Lock()
-	w.refs++
-	f.mu.Unlock()
-}
-
-func (f *Factory) unrefWatch(w *watcher) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	w.refs--
-	if w.refs > 0 || w.dead {
-		return
-	}
-	w.idle = time.AfterFunc(watchLinger, func() {
-		f.mu.Lock()
-		if w.refs > 0 || w.dead {
-			f.mu.Unlock()
-			return
-		}
-		f.dropWatchLocked(w)
-		f.mu.Unlock()
-		w.cancel()
-	})
-}
-
-func (f *Factory) dropWatchLocked(w *watcher) {
-	w.dead = true
-	if w.idle != nil {
-		w.idle.Stop()
-		w.idle = nil
-	}
-	if f.watches[w.prefix] == w {
-		delete(f.watches, w.prefix)
-	}
-}
-
-var errWatchClosed = errors.New("etcdlock: watch closed")
-
-func (w *watcher) run(ctx context.Context) {
-	established := false
-	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(ctx)
-		// Watch itself blocks while the client has no connection, and the
-		// creation may never be confirmed: past the bound, wctx ends both.
-		setup := time.AfterFunc(watchSetup, cancel)
-		wch := w.f.cli.Watch(clientv3.WithRequireLeader(wctx), w.prefix,
-			clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-		var err error
-		select {
-		case resp, ok := <-wch:
-			switch {
-			case !ok:
-				err = errWatchClosed
-			case resp.Err() != nil:
-				err = resp.Err()
-			case !resp.Created:
-				err = errors.New("etcdlock: watch did not start with its creation")
-			}
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
-		if !setup.Stop() && ctx.Err() == nil {
-			err = fmt.Errorf("etcdlock: watch of %q not set up within %v: %w", w.prefix, watchSetup, context.DeadlineExceeded)
-		}
-		if err != nil {
+	for k, cancel := range wn.keys {
+		if !in[k] {
 			cancel()
-			if !established {
-				w.f.mu.Lock()
-				w.f.dropWatchLocked(w)
-				w.f.mu.Unlock()
-				w.err = err
-				close(w.ready)
-				return
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
+			delete(wn.keys, k)
 		}
-		if !established {
-			established = true
-			close(w.ready)
-		} else {
-			w.resync(ctx)
-		}
-		w.consume(wch)
-		cancel()
 	}
-}
-
-func (w *watcher) consume(wch clientv3.WatchChan) {
-	for resp := range wch {
-		if resp.Err() != nil || resp.Canceled {
-			return
-		}
-		for _, ev := range resp.Events {
-			if ev.Type == clientv3.EventTypeDelete {
-				w.deleted(string(ev.Kv.Key), ev.Kv.ModRevision)
-			}
+	for _, k := range keys {
+		if wn.keys[k] == nil {
+			ctx, cancel := context.WithCancel(wn.ctx)
+			wn.keys[k] = cancel
+			wn.wg.Add(1)
+			go wn.watch(ctx, k)
 		}
 	}
 }
 
-// resync runs after the watch was established again: every held key is
-// checked, and every waiter reads its queue again.
-func (w *watcher) resync(ctx context.Context) {
-	w.mu.Lock()
-	w.gen++ // keys not yet held are read back by the acquire (see admit)
-	held := map[string]int64{}
-	for k, e := range w.keys {
-		if e.h != nil {
-			held[k] = int64(e.h.token)
-		}
+// end ends the current stream's watches.
+func (wn *window) end() {
+	if wn.cancel != nil {
+		wn.cancel()
 	}
-	for _, set := range w.waiters {
-		for wt := range set {
-			wt.resyncLocked()
-		}
-	}
-	w.mu.Unlock()
-	for key, rev := range held {
-		for ctx.Err() == nil {
-			resp, err := w.f.cli.Get(ctx, key, clientv3.WithKeysOnly())
-			if err == nil {
-				if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev {
-					w.deleted(key, resp.Header.Revision)
-				}
+	clear(wn.keys)
+}
+
+// watch follows the deletion of key until ctx ends, setting its watch up
+// again when etcd ends it (compaction, no leader), after a pause.
+func (wn *window) watch(ctx context.Context, key string) {
+	defer wn.wg.Done()
+	for ctx.Err() == nil {
+		wch := wn.cli.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+		for resp := range wch {
+			if resp.Err() != nil || resp.Canceled {
 				break
 			}
+			ev := windowEvent{key: key}
+			switch {
+			case resp.Created:
+				ev.created = resp.Header.Revision
+			case len(resp.Events) == 0:
+				continue // a progress notice
+			}
 			select {
+			case wn.events <- ev:
 			case <-ctx.Done():
-			case <-time.After(100 * time.Millisecond):
+				return
 			}
 		}
-	}
-}
-
-// deleted handles the deletion of key at rev.
-func (w *watcher) deleted(key string, rev int64) {
-	var lost *Holder
-	w.mu.Lock()
-	if e := w.keys[key]; e != nil {
-		switch {
-		case e.h == nil:
-			e.goneRev = max(e.goneRev, rev)
-		case rev > int64(e.h.token):
-			lost = e.h
-			delete(w.keys, key)
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if i := strings.LastIndexByte(key, '/'); i >= 0 {
-		for wt := range w.waiters[key[:i+1]] {
-			wt.tellLocked(deletion{key, rev})
-		}
-	}
-	w.mu.Unlock()
-	if lost != nil {
-		lost.lose(backend.Loss(ErrLockLost, lock.ErrRemoved, "its key was deleted (lock break, by hand)"))
-	}
 }
 
-// track registers a key about to be written.
-func (w *watcher) track(c claim) {
-	w.mu.Lock()
-	w.keys[c.key] = &entry{claim: c.id, gen: w.gen}
-	w.mu.Unlock()
-}
-
-// untrack stops following the key of c, which the watch then no longer
-// reports to anyone (our own deletions are no loss); it reports whether
-// the key was still followed.
-func (w *watcher) untrack(c claim) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	e := w.keys[c.key]
-	if e == nil || e.claim != c.id {
-		return false
-	}
-	delete(w.keys, c.key)
-	return true
-}
-
-// admit records that the key of c is held by h, whose loss its deletion
-// is, unless it was deleted, or might have been while the watch was down.
-func (w *watcher) admit(c claim, h *Holder) admitted {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	e := w.keys[c.key]
-	switch {
-	case e == nil || e.claim != c.id || e.goneRev > int64(h.token):
-		if e != nil && e.claim == c.id {
-			delete(w.keys, c.key)
-		}
-		return gone
-	case e.gen != w.gen:
-		return unverified
-	}
-	e.h = h
-	return held
-}
-
-// generation returns the current watch generation.
-func (w *watcher) generation() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.gen
-}
-
-// verified records that the key of c was read back in generation gen.
-func (w *watcher) verified(c claim, gen uint64) {
-	w.mu.Lock()
-	if e := w.keys[c.key]; e != nil && e.claim == c.id {
-		e.gen = gen
-	}
-	w.mu.Unlock()
+// close ends the window's watches and waits for their goroutines.
+func (wn *window) close() {
+	wn.end()
+	wn.wg.Wait()
 }
