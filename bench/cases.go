@@ -57,6 +57,7 @@ const (
 	idPgFloor    = "postgres/try_advisory_lock + unlock"
 	idPglock     = "postgres/pglock"
 	idPgBlocking = "postgres/pg_advisory_lock (blocking)"
+	idPgShared   = "postgres/try_advisory_lock_shared + unlock_shared"
 	idEtcdGet    = "etcd/Get"
 	idEtcdPut    = "etcd/Put"
 	idEtcdFloor  = "etcd/txn put-if-absent + delete"
@@ -248,8 +249,18 @@ func casesPostgres(ctx context.Context, e *env) []*opCase {
 			}
 			return nil
 		}},
+		{id: idPgShared, service: Postgres, label: "pg_try_advisory_lock_shared + pg_advisory_unlock_shared, held connection", kind: floorKind, rtt: idSelect1, op: func(ctx context.Context) error {
+			var ok bool
+			if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock_shared($1)", pgx.QueryExecModeCacheStatement, key).Scan(&ok); err != nil || !ok {
+				return fmt.Errorf("floor shared lock: %v %w", ok, err)
+			}
+			if err := c.QueryRow(ctx, "SELECT pg_advisory_unlock_shared($1)", pgx.QueryExecModeCacheStatement, key).Scan(&ok); err != nil || !ok {
+				return fmt.Errorf("floor shared unlock: %v %w", ok, err)
+			}
+			return nil
+		}},
 		{id: idPglock, service: Postgres, label: "pglock Acquire+Release", kind: oursKind, floor: idPgFloor, rtt: idSelect1, op: cycle(ours.Acquire)},
-		{id: idPglock + " shared", service: Postgres, label: "pglock Acquire(WithShared)+Release", kind: oursKind, floor: idPgFloor, rtt: idSelect1, op: cycle(ours.Acquire, lock.WithShared())},
+		{id: idPglock + " shared", service: Postgres, label: "pglock Acquire(WithShared)+Release", kind: oursKind, floor: idPgShared, rtt: idSelect1, op: cycle(ours.Acquire, lock.WithShared())},
 	}
 }
 

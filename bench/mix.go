@@ -255,6 +255,7 @@ func (r *Result) mixMarkdown(w func(format string, args ...any)) {
 			}
 			w("| %s — %s | %s | %.0f | %.0f | %s | %s | %s | %d of %d | %s |\n", c.id, c.label, c.kind, rs, ws, fmtDur(ww.p50), fmtDur(maxW), fmtDur(maxR), mostIn, mixReaders, excl)
 		}
+		pgMixNote(w, r.mix, cd)
 	}
 }
 

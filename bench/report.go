@@ -532,6 +532,7 @@ func (r *Result) targets() []target {
 		{"etcdlock round trips = raw lock's", 1.05, trips(idEtcdlock, idEtcdFloor)},
 		{"redislock p50 ≤ 1.5× raw lock", 1.5, p50(idRedislock, idRedisFloor)},
 		{"pglock p50 ≤ 1.5× raw lock", 1.5, p50(idPglock, idPgFloor)},
+		{"pglock shared p50 ≤ 1.5× raw shared lock", 1.5, p50(idPglock+" shared", idPgShared)},
 		{"etcdlock p50 ≤ 1.5× raw lock", 1.5, p50(idEtcdlock, idEtcdFloor)},
 		{"flock p50 ≤ 1.5× open+flock+close", 1.5, p50(idFlock, idFlockFloor)},
 		{"redislock p50 ≤ 1.3× best peer", 1.3, peer(idRedislock)},

@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.PgCount {
 		pgCounts(ctx, e, r.contended, cfg.Contend, logf)
 	}
-	r.mix = filter(mixCases(e), func(c *mixCase) bool { return cfg.want("mix", c.id) })
+	r.mix = filter(append(mixCases(e), mixCasesPostgres(ctx, e)...), func(c *mixCase) bool { return cfg.want("mix", c.id) })
 	logf("mix: %d cases of %d readers and a writer × %d rounds", len(r.mix), mixReaders, cfg.CRounds)
 	runMix(ctx, r.mix, cfg, sp)
 	e.closeFrom(m)

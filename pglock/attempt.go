@@ -59,7 +59,7 @@ type attempt struct {
 	limit   int
 	slots   []int // a semaphore's permits this factory does not hold
 	mine    int   // this factory's holders of the name
-	joining bool  // this factory's readers hold the name, on the same session
+	joining bool  // this factory's readers hold the name on the lock session
 }
 
 // local checks the in-process table. Postgres lets a session's own locks
@@ -81,7 +81,10 @@ func (a *attempt) local() error {
 		}
 		return ErrLocked
 	}
-	a.mine, a.joining = len(e.held), len(e.readers) > 0
+	a.mine = len(e.held)
+	for r := range e.readers {
+		a.joining = a.joining || r.s == a.s
+	}
 	for i := 0; i < a.limit; i++ {
 		if e.held[i] == nil {
 			a.slots = append(a.slots, i)
@@ -133,6 +136,17 @@ func (c *call) tokenOf(sc *sessionConn, raw int64, pid int32, err error) (int64,
 	}
 	if err := sc.checkPID(pid); err != nil {
 		return 0, err
+	}
+	if raw == tryMarker && shared {
+		// Rare: the semaphore marker was taken at the check, by a
+		// semaphore or by another reader's check.
+		q, args := c.stmt(sc.s.f.st.sharedMarker, sc.s.f.st.sharedMarkerRow)
+		if err := sc.queryRow(q, args...).Scan(&raw, &pid); err != nil {
+			return 0, sc.cleanup(err, exclusive, sharedKey)
+		}
+		if err := sc.checkPID(pid); err != nil {
+			return 0, err
+		}
 	}
 	if raw > 0 && !sc.s.f.validToken(raw) {
 		if raw, err = sc.newToken(raw, key, hasRow(c.o)); err != nil {

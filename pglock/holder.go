@@ -219,7 +219,7 @@ func (f *Factory) dismiss(h *Holder, granted bool) {
 		delete(e.held, h.slot)
 	}
 	if granted {
-		f.noteGranted(e.keys.mutex)
+		f.noteBusy(e.keys.mutex)
 	}
 	f.waits.free(h.s)
 	e.wakeFirst()

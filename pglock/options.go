@@ -53,9 +53,10 @@ const (
 func WithMaxConcurrent(n int) Option { return lock.WithMaxConcurrent(n) }
 
 // WithWait makes Acquire wait until a permit is free or ctx ends. The
-// first waiter of a mutex in a factory blocks in Postgres on a wait
-// session (see WithWaitSessions), which Postgres wakes, first come first,
-// at a release; others of the factory queue behind it. Semaphore waiters,
+// first waiter of a mutex or of a shared name in a factory blocks in
+// Postgres on a wait session (see WithWaitSessions), which Postgres wakes,
+// first come first (readers queued together, together), at a release;
+// others of the factory queue behind it. Semaphore waiters,
 // and waiters beyond the wait sessions, are woken by a NOTIFY sent by the
 // release, with a fallback poll (see WithPollInterval) for locks freed by
 // a session that ended.
@@ -73,11 +74,12 @@ func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }
 // ErrMaxHold and unlocked on its session; see lock.WithMaxHold.
 func WithMaxHold(d time.Duration) Option { return lock.WithMaxHold(d) }
 
-// WithShared takes the name shared (pg_try_advisory_lock_shared), beside
-// other shared holders; see lock.WithShared. A writer that waits blocks in
-// Postgres's queue of the key, which turns later shared tries away, or,
-// without a free wait session, holds the name's intent key, which they
-// check.
+// WithShared takes the name shared (pg_try_advisory_lock_shared; waiting,
+// pg_advisory_lock_shared), beside other shared holders; see
+// lock.WithShared. A writer that waits blocks in Postgres's queue of the
+// key, which turns later shared tries away and queues later shared waits
+// behind it, or, without a free wait session, holds the name's intent key,
+// which they check.
 func WithShared() Option { return lock.WithShared() }
 
 // WithOwner records who holds the lock (a job or trace id), shown by
@@ -130,9 +132,10 @@ func WithSessions(n int) Option {
 }
 
 // WithWaitSessions sets how many wait sessions the factory may open: the
-// first waiter of a mutex in this factory blocks in Postgres on one of its
-// own, so that a release wakes exactly the longest waiting session, and
-// then holds the lock on it until it is released. Each is a connection
+// first waiter of a mutex (or a shared name) in this factory blocks in
+// Postgres on one of its own, so that a release wakes exactly the longest
+// waiting session (or the readers queued together), and then holds the
+// lock on it until it is released. Each is a connection
 // taken from the pool (only while the pool has one to spare) and closed
 // after a while unused (see the guide). Waiters beyond them, and semaphore
 // waiters, retry when a release is notified. 0 turns blocking off. Default

@@ -74,7 +74,7 @@ type Factory struct {
 	closed  bool
 	entries map[int64]*entry // the in-process table: names in use, by mutex key
 	health  *time.Timer
-	handed  map[int64]bool // mutex keys whose last release here Postgres granted to a blocked waiter
+	busy    map[int64]bool // mutex keys contended here lately (see queued)
 
 	epoch atomic.Int64 // the newest committed token epoch seen; 0: none yet
 	open  atomic.Int32 // lock sessions connected
@@ -143,7 +143,7 @@ func NewFactory(pool *pgxpool.Pool, opts ...Option) *Factory {
 	}
 	f := &Factory{
 		pool: pool, cfg: cfg, set: set, st: newStatements(set.schema),
-		entries: map[int64]*entry{}, handed: map[int64]bool{},
+		entries: map[int64]*entry{}, busy: map[int64]bool{},
 	}
 	f.life, f.end = context.WithCancel(context.Background())
 	for i := 0; i < set.sessions; i++ {
@@ -278,8 +278,8 @@ type call struct {
 // take makes attempts at name through backend.Wait, whose Subscription is
 // a waiter (see wait.go). A waiter queues behind this factory's earlier
 // waiters of the name; so does, at once, one that would find the name
-// held: behind waiters, or at a mutex whose last release here Postgres
-// granted to a blocked waiter.
+// held: behind waiters, or at a mutex or a shared name contended here
+// lately, whose first attempt then waits in Postgres's queue.
 func (f *Factory) take(ctx context.Context, name string, o *lock.Options) (*Holder, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err

@@ -47,17 +47,18 @@ type statements struct {
 
 	// Taking and releasing a name, without a holder row and with one (for
 	// a call with an owner or metadata, which Inspect and List show).
-	mutexTry, mutexTryRow, mutexWait, mutexWaitRow     string
-	sharedTry, sharedTryRow, sharedJoin, sharedJoinRow string
-	mutexRelease, mutexReleaseRow                      string
-	sharedRelease, sharedReleaseRow                    string
-	semAcquire, semRelease, relimit                    string
-	abandon                                            string
-	epoch, rebase, token, retoken                      string
-	waiterMark, waiterUnmark                           string
-	intentTake, intentDrop                             string
-	txTry, txWait                                      string
-	inspectLimit, inspect, list                        string
+	mutexTry, mutexTryRow, mutexWait, mutexWaitRow           string
+	sharedTry, sharedTryRow, sharedJoin, sharedJoinRow       string
+	sharedWait, sharedWaitRow, sharedMarker, sharedMarkerRow string
+	mutexRelease, mutexReleaseRow                            string
+	sharedRelease, sharedReleaseRow                          string
+	semAcquire, semRelease, relimit                          string
+	abandon                                                  string
+	epoch, rebase, token, retoken                            string
+	waiterMark, waiterUnmark                                 string
+	intentTake, intentDrop                                   string
+	txTry, txWait                                            string
+	inspectLimit, inspect, list                              string
 }
 
 func newStatements(schema string) *statements {
@@ -71,6 +72,7 @@ func newStatements(schema string) *statements {
 
 		mutexTry: in("mutex_try"), mutexTryRow: in("mutex_try_row"), mutexWait: in("mutex_wait"), mutexWaitRow: in("mutex_wait_row"),
 		sharedTry: in("shared_try"), sharedTryRow: in("shared_try_row"), sharedJoin: in("shared_join"), sharedJoinRow: in("shared_join_row"),
+		sharedWait: in("shared_wait"), sharedWaitRow: in("shared_wait_row"), sharedMarker: in("shared_marker"), sharedMarkerRow: in("shared_marker_row"),
 		mutexRelease: in("mutex_release"), mutexReleaseRow: in("mutex_release_row"),
 		sharedRelease: in("shared_release"), sharedReleaseRow: in("shared_release_row"),
 		semAcquire: in("sem_acquire"), semRelease: in("sem_release"), relimit: in("relimit"),
@@ -89,6 +91,7 @@ const (
 	tryHeld      = -1 // held by another session, or a writer waits for it
 	trySemaphore = -2 // a semaphore of the name is held
 	tryLost      = -3 // the key was not held for the unlock after a failed check
+	tryMarker    = -4 // shared: the key is held, the semaphore marker was taken at the check (see shared_marker.sql)
 )
 
 // Results of mutex_release*.sql and shared_release*.sql.

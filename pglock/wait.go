@@ -7,23 +7,29 @@ package pglock
 // other processes. It is armed in one of two ways, and its attempts ask
 // Postgres accordingly:
 //
-//   - Blocked: a writer of a mutex claims a wait session (waitSessions) and
-//     its attempt is pg_advisory_lock there (mutex_wait*.sql), in Postgres's
-//     queue of the key. At a release anywhere Postgres grants the key to the
-//     longest waiting session, whose statement returns with the token: the
-//     lock is held on that session until it is released.
-//   - Notified: semaphores, readers, and writers without a wait session mark
-//     the name on their lock session (the waiters key, held shared; a writer
-//     also holds the intent key, which readers give way to). A release that
-//     finds the mark sends NOTIFY; the factory's listener wakes the name's
-//     first waiter, whose attempt is a try (one statement), as it is every
-//     WithPollInterval.
+//   - Blocked: a writer or a reader (limit 1) claims a wait session
+//     (waitSessions) and its attempt is pg_advisory_lock there, or
+//     pg_advisory_lock_shared (mutex_wait*.sql, shared_wait*.sql), in
+//     Postgres's queue of the mutex key. Postgres orders the queue: at a
+//     release it grants the key to the longest waiting writer, or to every
+//     reader queued before the next writer, whose statements return with
+//     their tokens; a reader that comes while a writer waits queues behind
+//     it. The lock is held on that wait session until it is released.
+//   - Notified: semaphores, and writers and readers without a wait session,
+//     mark the name on their lock session (the waiters key, held shared; a
+//     writer also holds the intent key, which readers give way to, a
+//     blocked one before it queues). A release that finds the mark sends
+//     NOTIFY; the factory's listener wakes the name's first waiter, whose
+//     attempt is a try (one statement), as it is every WithPollInterval.
 //
 // The first waiter arms at the start of each attempt, before it asks.
 // Waiters behind it are woken when they become first; polled before, they
-// only check that Postgres answers. The guide says why the two ways
-// remain. A waiter's fields belong to its waiting goroutine, where Wait
-// calls Wake, the attempt and Close; others only signal its channel.
+// only check that Postgres answers. A waiting Acquire of a name contended
+// here lately makes its first attempt the blocked one (see queued), so
+// that a contended acquisition costs two statements, as the raw lock's.
+// The guide says why the two ways remain. A waiter's fields belong to its
+// waiting goroutine, where Wait calls Wake, the attempt and Close; others
+// only signal its channel.
 
 import (
 	"context"
@@ -50,7 +56,8 @@ const listenerIdle = time.Second
 // release reaches it.
 type waiter struct {
 	*call
-	writer bool          // an exclusive mutex waiter: may block; readers give way to it
+	writer bool          // an exclusive mutex waiter: readers give way to it
+	single bool          // a writer or a reader (limit 1): may block
 	wake   chan struct{} // buffered 1: the name may be free
 
 	ws     *session // blocked: the wait session claimed for it
@@ -69,7 +76,8 @@ type keyHold struct {
 // subscribe queues a waiter for the call's name. One that queued before its
 // first attempt (see queued) and is first is woken at once, to make it.
 func (c *call) subscribe(queued bool) *waiter {
-	w := &waiter{call: c, writer: c.o.Limit() == 1 && !c.o.Shared, wake: make(chan struct{}, 1)}
+	single := c.o.Limit() == 1
+	w := &waiter{call: c, writer: single && !c.o.Shared, single: single, wake: make(chan struct{}, 1)}
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
 	e := c.e
@@ -109,12 +117,12 @@ func (w *waiter) attempt() (h *Holder, asked bool, err error) {
 }
 
 // arm makes sure that a release reaches the waiter: blocked if it is a
-// writer and a wait session is free, notified otherwise.
+// writer or a reader and a wait session is free, notified otherwise.
 func (w *waiter) arm() error {
 	if w.ws != nil {
 		return nil
 	}
-	if w.writer {
+	if w.single {
 		if w.ws = w.f.waits.claim(); w.ws != nil {
 			return nil
 		}
@@ -191,40 +199,45 @@ func (e *entry) writerWaits() bool {
 
 // queued reports whether a waiting Acquire of e is to queue before its
 // first attempt, which would find the name held: others here wait for it,
-// or (limit 1) its last release here was granted to a blocked waiter, so
-// that a writer's first attempt blocks at once. The notes of such releases
-// are few (one per name, until it is acquired again) and are dropped all
-// at once if they pile up.
-func (f *Factory) queued(e *entry, mutex bool) bool {
+// or (limit 1) the name was contended here lately: its last release here
+// was granted to a waiter blocked in Postgres's queue, or its last holder
+// here waited in that queue. Then the first attempt blocks at once, as the
+// raw lock does: Postgres grants it at once if the name is free, and the
+// try that would fail is saved. The notes are few (one per name, until it
+// is acquired again) and are dropped all at once if they pile up.
+func (f *Factory) queued(e *entry, single bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	granted := f.handed[e.keys.mutex]
-	delete(f.handed, e.keys.mutex)
-	return len(e.queue) > 0 || granted && mutex
+	busy := f.busy[e.keys.mutex]
+	delete(f.busy, e.keys.mutex)
+	return len(e.queue) > 0 || busy && single
 }
 
-// noteGranted notes a release of the mutex key that Postgres granted to a
-// blocked waiter (see queued). Factory.mu is held.
-func (f *Factory) noteGranted(key int64) {
-	if len(f.handed) >= 1024 {
-		clear(f.handed)
+// noteBusy notes that the mutex key was contended (see queued).
+// Factory.mu is held.
+func (f *Factory) noteBusy(key int64) {
+	if len(f.busy) >= 1024 {
+		clear(f.busy)
 	}
-	f.handed[key] = true
+	f.busy[key] = true
 }
 
-// errNoWait: the waiter cannot block (no wait session could be opened, or
-// it ended under the wait): it tries on its lock session and is notified,
-// until it can block again.
+// errNoWait: the waiter cannot block (no wait session could be opened, it
+// ended under the wait, or a writer waiting by notifications turned a
+// reader away): it tries on its lock session and is notified, until it can
+// block again.
 var errNoWait = errors.New("pglock: no wait session")
 
-// block waits for the mutex on the wait session ws, which holds nothing:
-// Postgres queues the waiters of every session on the key and at each
-// release grants it to the longest waiting one, which alone wakes; the
-// statement also takes the token (and writes the holder's row, for a call
-// with an owner or metadata). A wait that
-// ends (ctx, Close) cancels the statement and then gives the key up, which
-// gives up a grant that raced the cancel; a session that fails under the
-// wait is closed, which frees whatever it held.
+// block waits for the mutex key on the wait session ws, which holds
+// nothing: exclusive for a writer, shared for a reader. Postgres queues the
+// waiters of every session on the key and at each release grants it to the
+// longest waiting one (a writer), or to every reader queued before the
+// next writer, which alone wake; a reader queues behind a waiting writer.
+// The statement also takes the token (and writes the holder's row, for a
+// call with an owner or metadata). A wait that ends (ctx, Close) cancels
+// the statement and then gives the key up, which gives up a grant that
+// raced the cancel; a session that fails under the wait is closed, which
+// frees whatever it held.
 func (w *waiter) block(ws *session) (*Holder, error) {
 	f, e := w.f, w.e
 	select {
@@ -238,7 +251,7 @@ func (w *waiter) block(ws *session) (*Holder, error) {
 			return nil, err
 		}
 	}
-	raw, pid, err := w.grant(ws)
+	raw, pid, waited, err := w.grant(ws)
 	sctx, cancel := context.WithTimeout(context.Background(), f.set.stmtTimeout)
 	defer cancel()
 	sc := &sessionConn{s: ws, c: ws.conn, ctx: sctx}
@@ -251,30 +264,53 @@ func (w *waiter) block(ws *session) (*Holder, error) {
 		return nil, errNoWait
 	case w.ended() != nil:
 		// Granted or not, the key is given up, with a row written for it.
-		if _, err := sc.c.Exec(sc.ctx, f.st.abandon, []int64{e.keys.mutex}, int64(0), false); err != nil {
+		exclusive, shared := []int64{e.keys.mutex}, int64(0)
+		if w.o.Shared {
+			exclusive, shared = nil, e.keys.mutex
+		}
+		if _, err := sc.c.Exec(sc.ctx, f.st.abandon, exclusive, shared, shared != 0); err != nil {
 			sc.fail(sc.wrap("giving up a wait", err))
 		}
 		return nil, w.ended()
+	case err == nil && raw == tryHeld && w.o.Shared:
+		// A writer waiting by notifications holds the intent key: the
+		// reader did not queue, and waits for that writer's release.
+		if err := sc.checkPID(pid); err != nil {
+			return nil, err
+		}
+		return nil, errNoWait
 	}
 	tok, err := w.tokenOf(sc, raw, pid, err)
 	if err != nil {
 		return nil, err
 	}
+	if waited {
+		f.mu.Lock()
+		f.noteBusy(e.keys.mutex)
+		f.mu.Unlock()
+	}
 	return w.admit(permit{s: ws, key: e.keys.mutex, token: tok}), nil
 }
 
-// grant runs mutex_wait.sql on ws (sem held) until Postgres grants the key,
-// or the wait ends: the statement runs without a deadline, and the end of
-// ctx cancels it on the server (see cancelOnEnd); Close closes the session.
-func (w *waiter) grant(ws *session) (raw int64, pid int32, err error) {
+// grant runs mutex_wait.sql (shared_wait.sql for a reader) on ws (sem
+// held) until Postgres grants the key, or the wait ends: the statement runs
+// without a deadline, and the end of ctx cancels it on the server (see
+// cancelOnEnd); Close closes the session.
+func (w *waiter) grant(ws *session) (raw int64, pid int32, waited bool, err error) {
 	sc := &sessionConn{s: ws, c: ws.conn, ctx: context.Background()}
 	returned := cancelOnEnd(w.ctx, sc.c.PgConn(), ws.forceClose, w.f.set.connectTimeout)
 	stopClose := context.AfterFunc(w.f.life, ws.forceClose)
 	q, args := w.stmt(w.f.st.mutexWait, w.f.st.mutexWaitRow)
+	if w.o.Shared {
+		q, args = w.stmt(w.f.st.sharedWait, w.f.st.sharedWaitRow, w.e.keys.intent)
+	}
 	err = sc.queryRow(q, args...).Scan(&raw, &pid)
 	returned()
 	stopClose()
-	return raw, pid, err
+	if raw < tryMarker {
+		raw, waited = -raw, true // a token taken after waiting in the queue
+	}
+	return raw, pid, waited, err
 }
 
 // ended is the error of a wait that ended: Close, or ctx.

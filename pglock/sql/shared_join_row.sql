@@ -6,12 +6,9 @@ WITH a AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks l
 				AND (l.classid::int8 << 32) | l.objid::int8 = $1::int8) THEN -1
 	WHEN pg_try_advisory_xact_lock_shared($4::int8) THEN
 		CASE WHEN pg_try_advisory_lock_shared($1::int8) THEN
-			CASE WHEN pg_try_advisory_xact_lock($2::int8) THEN nextval($3::text::regclass)
-			WHEN NOT EXISTS (SELECT 1 FROM pg_locks l
-				WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ShareLock'
-					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					AND (l.classid::int8 << 32) | l.objid::int8 = $2::int8) THEN nextval($3::text::regclass)
-			WHEN pg_advisory_unlock_shared($1::int8) THEN -2 ELSE -3 END
+			CASE WHEN pg_try_advisory_lock($2::int8) THEN
+				CASE WHEN pg_advisory_unlock($2::int8) THEN nextval($3::text::regclass) ELSE -3 END
+			ELSE -4 END
 		ELSE -1 END
 	ELSE -1 END AS token),
 i AS (INSERT INTO :"schema".pglock_holders (key, token, ns, name, slot, lim, pid, since, owner, metadata)
