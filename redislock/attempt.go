@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -95,7 +96,7 @@ func (a *attempt) held(r reply, queued bool) time.Duration {
 // got no reply is abandoned.
 func (a *attempt) run(ch string) (reply, error) {
 	k, ls, ttl, keep := a.k, a.ls, a.ls.ttl.Milliseconds(), tokenRetention.Milliseconds()
-	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(a.id)}
+	kl := []string{k.lock, k.token, k.tookOf(a.id), k.permits, k.queue}
 	sent := time.Now()
 	var cmd *redis.Cmd
 	switch {
@@ -104,16 +105,27 @@ func (a *attempt) run(ch string) (reply, error) {
 		if ls.wait {
 			wait = "1"
 		}
-		cmd = sharedAcquire.Run(a.ctx, a.f.c, append(kl, k.rwait), semID(a.id), ttl, ls.meta, keep, wait)
+		cmd = sharedAcquire.Run(a.ctx, a.f.c, kl, semID(a.id), ttl, ls.meta, keep, wait)
 	case ls.limit == 1:
-		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl, a.id, ttl, ls.meta, keep, ch)
+		waits := ""
+		switch {
+		case a.w != nil && a.f.hub.inQueue(a.w):
+			waits = "q"
+		case ls.wait:
+			waits = "w"
+		}
+		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl, a.id, ttl, ls.meta, keep, ch, sent.UnixMilli(), waits)
 	default:
-		cmd = semAcquire.Run(a.ctx, a.f.c, kl, semID(a.id), ttl, ls.limit, ls.meta, keep)
+		cmd = semAcquire.Run(a.ctx, a.f.c, kl[:4], semID(a.id), ttl, ls.limit, ls.meta, keep)
 	}
 	res, err := cmd.Result()
 	if err != nil {
 		a.f.unreachable(err)
-		a.f.abandon(a.ctx, k, a.id, ls)
+		entry := ""
+		if ch != "" {
+			entry = a.entry()
+		}
+		a.f.abandon(a.ctx, k, a.id, ls, entry)
 		return reply{sent: sent}, fmt.Errorf("redislock: acquire: %w", err)
 	}
 	r, err := parseReply(res)
@@ -150,7 +162,7 @@ func parseReply(res any) (reply, error) {
 	case -1:
 		lim, _ := toInt(arr[1])
 		r.limit = int(lim)
-	case -2: // the id has a tombstone: not from a live attempt
+	case -2: // the id took the name before, or was given up
 		return r, fmt.Errorf("redislock: acquire: attempt already given up")
 	default:
 		return r, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
@@ -195,14 +207,23 @@ func (a *attempt) replicate(h *Holder) error {
 	return nil
 }
 
+// entry is the attempt's entry in a mutex's queue (see
+// lua/mutex_acquire.lua), by which it leaves the queue.
+func (a *attempt) entry() string {
+	ttl := strconv.FormatInt(a.ls.ttl.Milliseconds(), 10)
+	ch := a.f.hub.own
+	return a.id + ttl + ":" + strconv.Itoa(len(ch)) + ":" + ch + a.ls.meta
+}
+
 // abandon cleans up after an attempt that failed without a reply: the
 // script may have run, or run in part, and its reply been lost, or it may
 // still be on its way. So it releases the lock by the attempt's id (unique,
-// so this cannot touch anyone else's), which also writes the id's
-// tombstone. It runs in the background, bounded by its own timeout: the
+// so this cannot touch anyone else's), takes its entry out of the queue
+// if it may have joined it (entry, "" if not), and writes the id's took
+// marker. It runs in the background, bounded by its own timeout: the
 // caller's ctx may be over, and a server that does not answer would
 // otherwise keep the caller waiting for that long. Close waits for it.
-func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
+func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease, entry string) {
 	f.mu.Lock()
 	tracked := !f.closed // Close may be waiting on wg already
 	if tracked {
@@ -215,7 +236,7 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
 		defer cancel()
-		s, keys, args := f.releaseCall(k, id, ls)
+		s, keys, args := f.releaseCall(k, id, ls, true, entry)
 		s.Run(cctx, f.c, keys, args...)
 	}()
 }
@@ -230,8 +251,8 @@ type lease struct {
 	wait   bool   // WithWait
 }
 
-// permit reports whether the holder is a member of the name's slots (a
-// semaphore permit or a reader) rather than the mutex's value.
+// permit reports whether the holder is a member of the name's sorted set
+// of permits (a semaphore permit or a reader) rather than a mutex's value.
 func (ls lease) permit() bool { return ls.limit > 1 || ls.shared }
 
 // leaseOf turns resolved options into the lease of one acquisition.

@@ -238,7 +238,6 @@ func (f *Factory) Close() error {
 // releaseMany runs the release script for every holder in one pipeline.
 func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
-		h := hs[i]
-		return f.releaseCall(h.k, h.id, h.ls)
+		return hs[i].releaseCall()
 	})
 }

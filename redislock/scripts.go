@@ -19,31 +19,35 @@ import (
 // states its KEYS, ARGV and reply, and runs on its own, for example
 //
 //	redis-cli --eval lua/mutex_acquire.lua 'lock:{x}:lock' 'lock:{x}:token' \
-//	    'lock:{x}:slots' 'lock:{x}:permits' 'lock:{x}:tomb:0123' , '0123:' 30000 '{}' 86400000 ''
+//	    'lock:{x}:took:0123' 'lock:{x}:permits' 'lock:{x}:queue' , \
+//	    '0123:' 30000 '{}' 86400000 '' 1764000000000 ''
 //
-// The keys of a name (see keysFor): lock (string, a mutex holder), token
-// (counter), slots (zset of semaphore permit ids scored by expiry in server
-// milliseconds), permits (hash: permit id -> "token:since:meta", and
-// "#limit" -> the semaphore's limit), and for acquire and release the id's
-// tombstone (see keys.tombOf). A name held shared keeps its readers in
-// slots and permits like a semaphore's permits, with "#limit" 1, and a
-// writer waiting for them sets the lock to a placeholder,
-// "shared:token:since:", followed by the queue (lua/mutex_acquire.lua);
-// rwait marks that readers wait for the lock (lua/shared_acquire.lua).
+// The keys of a name (see keysFor): lock, token (counter), permits, queue,
+// and for acquire and release the id's took marker (see keys.tookOf). The
+// lock is a string while a mutex holds the name: "id:token:since:meta",
+// then flags once somebody waits (lua/mutex_acquire.lua), the waiters
+// themselves in the queue, a list. While a semaphore or shared name is
+// held it is a sorted set of permit (or reader) ids scored by expiry in
+// server milliseconds, and permits a hash: permit id -> "token:since:meta",
+// "#limit" -> the limit (1 for readers), "#r" while readers wait behind
+// queued writers. So one key says which kind holds the name: a mutex's
+// SET NX fails on permits, and no acquire checks another kind's keys
+// unless the name is held.
 //
-// A holder is identified by a random id that is unique per acquisition. A
-// mutex holder's value is "id:token:since:meta", followed by the queue of
-// its waiters (see lua/mutex_acquire.lua); only the id is compared, so
-// a holder whose acquire reply was lost can still be cleaned up by its id.
-// The mutex scripts get the id with its ':' ("id:"), the prefix of the
-// value; the semaphore scripts get it without.
+// A holder is identified by a random id that is unique per acquisition;
+// only the id is compared, so a holder whose acquire reply was lost can
+// still be cleaned up by its id. The mutex scripts get the id with its
+// ':' ("id:"), the prefix of the value; the semaphore scripts get it
+// without.
 //
-// Release (also the cleanup of a failed attempt) writes the id's tombstone,
-// which lives for one TTL, and acquire refuses an id that has one: an
-// acquire request that reaches the server only after its attempt was given
-// up (delayed past the client's timeout, then cleaned up; or retried by the
-// client on another connection, held, and released) would otherwise take
-// the name for an id nobody holds, for a whole TTL.
+// An id takes a name at most once: the acquire that takes it writes the
+// id's took marker, for two TTLs, and refuses to take the name if it is
+// there already; the release writes it again if the lock was held for
+// more than half its TTL, and so does the cleanup of a failed attempt.
+// An acquire request that reaches the server only after its attempt was
+// given up (delayed past the client's timeout, then cleaned up; or
+// retried by the client on another connection, held, and released) would
+// otherwise take the name for an id nobody holds, for a whole TTL.
 //
 // Numbers: Lua numbers are doubles and redis.call turns them into strings
 // with 14 significant digits, so every number written to Redis is formatted
@@ -85,11 +89,11 @@ var (
 )
 
 // keys are the Redis keys and channel of one name, all tagged with
-// {<escaped name>} so that they share a cluster slot. tomb is the prefix
-// of its tombstone keys, one per given-up id (see tombOf); rwait marks
-// that readers wait for the name (see lua/shared_acquire.lua).
+// {<escaped name>} so that they share a cluster slot. took is the prefix
+// of its took markers, one per id (see tookOf); queue is a mutex's
+// waiters (see lua/mutex_acquire.lua).
 type keys struct {
-	lock, token, slots, permits, channel, tomb, rwait string
+	lock, token, permits, queue, channel, took string
 }
 
 func keysFor(prefix, name string) keys {
@@ -108,27 +112,30 @@ func keysOfEscaped(prefix, esc string) keys {
 // "<prefix>{<escaped name>}:" (a grant names the lock key).
 func keysOfBase(base string) keys {
 	return keys{
-		lock: base + "lock", token: base + "token", slots: base + "slots",
-		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
-		rwait: base + "rwait",
+		lock: base + "lock", token: base + "token", permits: base + "permits",
+		queue: base + "queue", channel: base + "released", took: base + "took:",
 	}
 }
 
-// list is the keys every semaphore script takes.
-func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
-
-// tombOf is the tombstone key of the acquisition with this id: written when
-// the id is released or its failed attempt cleaned up, it stops the id's
-// acquire script from taking the name if it runs only afterwards (a request
-// delayed on its way past the client's timeout, or a copy of one the client
-// retried).
-func (k keys) tombOf(id string) string { return k.tomb + semID(id) }
+// tookOf is the took marker of the acquisition with this id: written when
+// the id takes the name (and again when it lets go of it after a long
+// hold, or its failed attempt is cleaned up), it stops the id's acquire
+// script from taking the name a second time, if a copy of it runs late (a
+// request delayed on its way past the client's timeout, or a copy of one
+// the client retried).
+func (k keys) tookOf(id string) string { return k.took + semID(id) }
 
 // releaseCall is the script, keys and arguments that release the lock,
 // reader or permit with this id (a mutex, or a name its last reader
-// leaves, to its first waiter) and write its tombstone, for one TTL.
-func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
-	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
+// leaves, to its first waiter). mark writes the id's took marker, for one
+// TTL; entry is the caller's queue entry if it may have queued for a
+// mutex (see attempt.entry), which the script takes out.
+func (f *Factory) releaseCall(k keys, id string, ls lease, mark bool, entry string) (*redis.Script, []string, []any) {
+	ms := ""
+	if mark {
+		ms = strconv.FormatInt(ls.ttl.Milliseconds(), 10)
+	}
+	tk := k.tookOf(id)
 	if ls.limit == 1 {
 		heard := "0"
 		if f.together.Load() {
@@ -138,9 +145,9 @@ func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []str
 		if ls.shared {
 			id, mode = semID(id), "s"
 		}
-		return mutexRelease, []string{k.lock, tomb, k.token, k.slots, k.permits, k.rwait}, []any{id, ttl, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds(), k.channel, mode}
+		return mutexRelease, []string{k.lock, tk, k.token, k.permits, k.queue}, []any{id, ms, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds(), k.channel, mode, entry}
 	}
-	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
+	return semRelease, []string{k.lock, tk, k.permits}, []any{semID(id), k.channel, ms}
 }
 
 // extendCall is the script, keys and arguments that extend a holder of
@@ -149,7 +156,7 @@ func extendCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
 	if !ls.permit() {
 		return mutexExtend, []string{k.lock}, []any{id, ls.ttl.Milliseconds()}
 	}
-	return semExtend, k.list(), []any{semID(id), ls.ttl.Milliseconds()}
+	return semExtend, []string{k.lock, k.permits}, []any{semID(id), ls.ttl.Milliseconds()}
 }
 
 func toInt(v any) (int64, error) {

@@ -22,13 +22,14 @@ import (
 // never depends on a wake-up alone. What wakes it depends on what it
 // waits for:
 //
-//   - A mutex waiter joins the name's queue in Redis, kept in the lock's
-//     value (lua/mutex_acquire.lua), and a release grants the name to the
-//     first waiter in the same script: it sets the lock to the waiter's
-//     id, with a fresh lease and the next token, and publishes the grant
-//     on the waiter's factory channel (hub.own: one per factory, on its
-//     one pub/sub connection, while it has waiters and lingerTime after).
-//     One release wakes one waiter of one process, and nobody overtakes
+//   - A mutex waiter joins the name's queue in Redis, a list of its own
+//     that the lock's value flags (lua/mutex_acquire.lua), and a release
+//     grants the name to the first waiter in the same script: it sets the
+//     lock to the waiter's id, with a fresh lease and the next token, and
+//     publishes the grant on the waiter's factory channel (hub.own: one
+//     per factory, on its one pub/sub connection, while it has waiters
+//     and lingerTime after). One release wakes one waiter of one process,
+//     and nobody overtakes
 //     the queue. The waiter is in the hub before its first look, so no
 //     grant is missed, and joins the queue only once the server confirmed
 //     the subscription (hub.ready); that confirmation, and the one after a
@@ -132,11 +133,12 @@ func (a *attempt) leave() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), backend.Grace)
-	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls)
+	entry := a.entry()
+	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls, true, entry)
 	err := s.Run(ctx, a.f.c, keys, args...).Err()
 	cancel()
 	if err != nil {
-		a.f.abandon(a.ctx, a.k, a.id, a.ls)
+		a.f.abandon(a.ctx, a.k, a.id, a.ls, entry)
 	}
 }
 
@@ -496,7 +498,7 @@ func (h *hub) granted(msg string) {
 	if !ok {
 		return
 	}
-	h.f.abandon(context.Background(), keysOfBase(base), id, lease{ttl: time.Duration(ttl) * time.Millisecond, limit: 1})
+	h.f.abandon(context.Background(), keysOfBase(base), id, lease{ttl: time.Duration(ttl) * time.Millisecond, limit: 1}, "")
 }
 
 // notify wakes the first waiter of ch.

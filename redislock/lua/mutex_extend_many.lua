@@ -5,9 +5,9 @@
 -- Reply: 1 or 0 for each key.
 local out = {}
 for i = 1, #KEYS do
-  local v = redis.call('GET', KEYS[i])
+  local v = redis.pcall('GET', KEYS[i])
   local id = ARGV[2 * i - 1]
-  if v and string.sub(v, 1, #id) == id then
+  if type(v) == 'string' and string.sub(v, 1, #id) == id then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
     out[i] = 1
   else
