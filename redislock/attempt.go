@@ -106,15 +106,14 @@ func (a *attempt) run(ch string) (reply, error) {
 			wait = "1"
 		}
 		cmd = sharedAcquire.Run(a.ctx, a.f.c, kl, semID(a.id), ttl, ls.meta, keep, wait)
+	case ls.limit == 1 && !ls.wait:
+		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl[:4], a.id, ttl, sent.UnixMilli(), ls.meta, keep)
 	case ls.limit == 1:
-		waits := ""
-		switch {
-		case a.w != nil && a.f.hub.inQueue(a.w):
+		waits := "w"
+		if a.w != nil && a.f.hub.inQueue(a.w) {
 			waits = "q"
-		case ls.wait:
-			waits = "w"
 		}
-		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl, a.id, ttl, ls.meta, keep, ch, sent.UnixMilli(), waits)
+		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl, a.id, ttl, sent.UnixMilli(), ls.meta, keep, waits, ch)
 	default:
 		cmd = semAcquire.Run(a.ctx, a.f.c, kl[:4], semID(a.id), ttl, ls.limit, ls.meta, keep)
 	}

@@ -54,14 +54,14 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	}
 	k := keysFor(o.KeyPrefix, name)
 	fk := (&store{prefix: cmp.Or(o.KeyPrefix, DefaultKeyPrefix)}).key("fence/", name)
-	res, err := breakScript.Run(ctx, f.c, []string{k.lock, k.permits, fk, k.queue}, k.channel).Slice()
+	ls := f.leaseOf(&o) // for the took marker of the holder's id: one TTL
+	res, err := breakScript.Run(ctx, f.c, []string{k.lock, k.permits, fk, k.queue}, k.channel, ls.ttl.Milliseconds()).Slice()
 	if err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)
 	}
 	if len(res) == 0 {
 		return fmt.Errorf("redislock: break: %w: %q", lock.ErrNotHeld, name)
 	}
-	ls := f.leaseOf(&o) // for the took marker of the holder's id: one TTL
 	ls.limit = 1
 	var id string
 	switch kind, _ := res[0].(string); {

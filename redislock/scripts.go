@@ -63,6 +63,8 @@ var (
 	mutexExtendManySrc string
 	//go:embed lua/shared_acquire.lua
 	sharedAcquireSrc string
+	//go:embed lua/shared_release.lua
+	sharedReleaseSrc string
 	//go:embed lua/sem_acquire.lua
 	semAcquireSrc string
 	//go:embed lua/sem_release.lua
@@ -81,6 +83,7 @@ var (
 	mutexExtend   = redis.NewScript(mutexExtendSrc)
 	mutexExtendN  = redis.NewScript(mutexExtendManySrc)
 	sharedAcquire = redis.NewScript(sharedAcquireSrc)
+	sharedRelease = redis.NewScript(sharedReleaseSrc)
 	semAcquire    = redis.NewScript(semAcquireSrc)
 	semRelease    = redis.NewScript(semReleaseSrc)
 	semExtend     = redis.NewScript(semExtendSrc)
@@ -136,18 +139,31 @@ func (f *Factory) releaseCall(k keys, id string, ls lease, mark bool, entry stri
 		ms = strconv.FormatInt(ls.ttl.Milliseconds(), 10)
 	}
 	tk := k.tookOf(id)
-	if ls.limit == 1 {
-		heard := "0"
-		if f.together.Load() {
-			heard = "1"
-		}
-		mode := ""
-		if ls.shared {
-			id, mode = semID(id), "s"
-		}
-		return mutexRelease, []string{k.lock, tk, k.token, k.permits, k.queue}, []any{id, ms, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds(), k.channel, mode, entry}
+	switch {
+	case ls.limit > 1:
+		return semRelease, []string{k.lock, tk, k.permits}, []any{semID(id), k.channel, ms}
+	case ls.shared:
+		return sharedRelease, []string{k.lock, tk, k.token, k.queue, k.permits}, []any{semID(id), time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds(), ms}
 	}
-	return semRelease, []string{k.lock, tk, k.permits}, []any{semID(id), k.channel, ms}
+	keys := []string{k.lock, tk, k.token, k.queue}
+	args := []any{id, time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds()}
+	switch {
+	case entry != "":
+		keys = append(keys, k.permits)
+		args = append(args, ms, entry)
+	case mark:
+		args = append(args, ms)
+	}
+	return mutexRelease, keys, args
+}
+
+// heard is "1" if every subscriber of a channel is on the factory's one
+// server, so that a PUBLISH that reaches nobody means nobody listens.
+func (f *Factory) heard() string {
+	if f.together.Load() {
+		return "1"
+	}
+	return "0"
 }
 
 // extendCall is the script, keys and arguments that extend a holder of

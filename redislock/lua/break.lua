@@ -2,7 +2,7 @@
 -- counter, and raises the fence record of the key equal to the name to one
 -- above the highest token it frees.
 -- KEYS: lock, permits, <prefix>fence/{<esc>}, queue.
--- ARGV: channel.
+-- ARGV: channel, ms to keep a mark that readers wait (see below).
 -- Reply: {} nothing held | {'m', "<id>:"} a mutex: the fence is raised and
 -- the caller releases it by the holder's id (mutex_release.lua, which
 -- hands it to the first waiter of its queue) | {'s'} every live permit of
@@ -11,7 +11,8 @@
 -- A shared name's readers are freed as a semaphore's permits are; if
 -- writers queue behind them, the reply is {'w'} and the caller then hands
 -- the name to the first by a shared-mode release of nobody
--- (mutex_release.lua), which finds no reader left.
+-- (shared_release.lua), which finds no reader left; the mark that readers
+-- wait behind the writers ('#r' in the permits) is kept for it.
 --
 -- Tokens are decimal strings, compared and incremented as such (see
 -- fence.lua: Lua numbers are exact only up to 2^53).
@@ -66,7 +67,9 @@ for i = 1, #ps do
 end
 raise(toks)
 local writer = redis.call('HGET', KEYS[2], '#limit') == '1' and redis.call('EXISTS', KEYS[4]) == 1
+local r = redis.call('HGET', KEYS[2], '#r')
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], 'r')
-if writer then return {'w'} end
-return {'s'}
+if not writer then return {'s'} end
+if r then redis.call('HSET', KEYS[2], '#r', '1') redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return {'w'}

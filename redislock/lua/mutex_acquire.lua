@@ -1,10 +1,11 @@
 -- Takes a mutex, or puts a waiter in its queue.
--- KEYS: lock, token, the id's took marker, permits, queue.
--- ARGV: "<id>:", ttl ms, meta JSON, token retention ms, the waiting
--- factory's channel ('' if the caller does not join the queue), the
--- caller's clock in ms (since when it holds, for Inspect), '' if the
--- caller does not wait, 'w' if it waits, 'q' if it waits in the queue
--- already as far as it knows.
+-- KEYS: lock, token, the id's took marker, permits, and for a caller
+-- that waits the queue.
+-- ARGV: "<id>:", ttl ms, the caller's clock in ms (since when it holds,
+-- for Inspect), meta JSON, token retention ms, and for a caller that
+-- waits: 'w', or 'q' if it is in the queue already as far as it knows;
+-- the waiting factory's channel ('' if the caller does not join the queue
+-- yet).
 -- Reply: the token (a string) | {0, ms: when to look again} |
 -- {-1, the limit in force} | {-2, '0'} the id took the name before, or
 -- was given up.
@@ -45,42 +46,45 @@
 -- in microseconds if the counter is missing, not a number, or below 10^15
 -- (a clock before 2001: not one of ours), so that a lost counter never
 -- restarts low; a counter of another type fails the script.
-local id, ttl, ch, queued = ARGV[1], ARGV[2], ARGV[5], ARGV[7] == 'q'
-local keep = string.format('%d', 2 * tonumber(ttl))
-local entry = id .. ttl .. ':' .. #ch .. ':' .. ch .. ARGV[3]
+local id, ttl, waits, ch = ARGV[1], ARGV[2], ARGV[6], ARGV[7]
 
 local function draw()
   local n = redis.pcall('INCR', KEYS[2])
-  if type(n) == 'table' then
-    if not string.find(n.err, 'not an integer', 1, true) then error(n) end
-    n = 0
-  end
-  if n >= 1e15 then return string.format('%d', n) end
+  if type(n) == 'number' and n >= 1e15 then return string.format('%d', n) end
+  if type(n) == 'table' and not string.find(n.err, 'not an integer', 1, true) then error(n) end
   local t = redis.call('TIME')
   local tok = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('SET', KEYS[2], tok, 'PX', ARGV[4])
+  redis.call('SET', KEYS[2], tok, 'PX', ARGV[5])
   return tok
 end
-
-local function value(tok) return id .. tok .. ':' .. ARGV[6] .. ':' .. ARGV[3] end
 
 -- took completes a take of the lock, just set for the id with tok.
 local function took(tok)
-  if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', keep) then
+  if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', 2 * ttl) then
     redis.call('DEL', KEYS[1])
     return {-2, '0'}
-  end
-  if ch ~= '' then -- a waiter took a free name: the others still wait
-    if queued then redis.call('LREM', KEYS[5], 0, entry) end
-    if redis.call('LLEN', KEYS[5]) > 0 then redis.call('APPEND', KEYS[1], '\nq') end
   end
   return tok
 end
 
+if not waits then
+  local tok = draw()
+  if redis.call('SET', KEYS[1], id .. tok .. ':' .. ARGV[3] .. ':' .. ARGV[4], 'NX', 'PX', ttl) then return took(tok) end
+  waits, ch = '', ''
+end
+
+-- The name is held, or the caller waits.
+local entry = id .. ttl .. ':' .. #ch .. ':' .. ch .. ARGV[4]
+
 local function free()
   local tok = draw()
-  redis.call('SET', KEYS[1], value(tok), 'PX', ttl)
-  return took(tok)
+  redis.call('SET', KEYS[1], id .. tok .. ':' .. ARGV[3] .. ':' .. ARGV[4], 'PX', ttl)
+  local r = took(tok)
+  if ch ~= '' and r == tok then -- a waiter took a free name: the others still wait
+    if waits == 'q' then redis.call('LREM', KEYS[5], 0, entry) end
+    if redis.call('LLEN', KEYS[5]) > 0 then redis.call('APPEND', KEYS[1], '\nq') end
+  end
+  return r
 end
 
 -- join puts the waiter at the end of the queue, once, and keeps the
@@ -88,14 +92,10 @@ end
 -- The queue's expiry is only ever raised (to two TTLs), so a waiter with
 -- a short TTL does not cut the wait of one with a long TTL short.
 local function join()
-  if not (queued and redis.call('LPOS', KEYS[5], entry)) then redis.call('RPUSH', KEYS[5], entry) end
-  if redis.call('PTTL', KEYS[5]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[5], keep) end
+  if not (waits == 'q' and redis.call('LPOS', KEYS[5], entry)) then redis.call('RPUSH', KEYS[5], entry) end
+  if redis.call('PTTL', KEYS[5]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[5], 2 * ttl) end
 end
 
-if ARGV[7] == '' then
-  local tok = draw()
-  if redis.call('SET', KEYS[1], value(tok), 'NX', 'PX', ttl) then return took(tok) end
-end
 local v = redis.pcall('GET', KEYS[1])
 if not v then return free() end
 if type(v) == 'table' then -- a sorted set: permits or readers
@@ -115,7 +115,7 @@ if type(v) == 'table' then -- a sorted set: permits or readers
 end
 if string.sub(v, 1, #id) == id then
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('SET', KEYS[3], '1', 'NX', 'PX', keep)
+  redis.call('SET', KEYS[3], '1', 'NX', 'PX', 2 * ttl)
   return string.match(v, '^[^:]*:(%d+):')
 end
 if ch ~= '' then
