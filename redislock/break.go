@@ -52,9 +52,9 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	k := keysFor(o.KeyPrefix, name)
+	k := keysFor(o.KeyPrefix, name).of(f.id)
 	fk := (&store{prefix: cmp.Or(o.KeyPrefix, DefaultKeyPrefix)}).key("fence/", name)
-	ls := f.leaseOf(&o) // for the took marker of the holder's id: one TTL
+	ls := f.leaseOf(&o)
 	res, err := breakScript.Run(ctx, f.c, []string{k.lock, k.permits, fk, k.queue}, k.channel, ls.ttl.Milliseconds()).Slice()
 	if err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)
@@ -73,7 +73,7 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	default:
 		id, _ = res[1].(string)
 	}
-	s, keys, args := f.releaseCall(k, id, ls, true, "")
+	s, keys, args := f.releaseCall(k, id, ls, 0, "")
 	if err := s.Run(ctx, f.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)
 	}

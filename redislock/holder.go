@@ -20,6 +20,7 @@ type Holder struct {
 	id    string // random, unique per acquisition: what Release and Extend compare (see newID)
 	ls    lease
 	token uint64
+	seq   uint64 // the number of the request that took the lock (see Factory.seq)
 	opts  *lock.Options
 	ctx   context.Context // the Acquire context without its cancellation, for reports
 	start time.Time
@@ -37,7 +38,7 @@ type Holder struct {
 // newHolder returns the holder of a's acquire, which Redis confirmed with r.
 func (f *Factory) newHolder(a *attempt, r reply) *Holder {
 	h := &Holder{
-		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls, token: r.token, opts: a.o,
+		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls.held(), token: r.token, seq: a.seq, opts: a.o,
 		ctx: context.WithoutCancel(a.ctx), start: r.sent, state: backend.NewState(), tracking: tracking{auto: a.renew},
 	}
 	h.left.Store(true)
@@ -58,11 +59,15 @@ func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
 	return sc.Run(ctx, h.f.c, keys, args...)
 }
 
-// releaseCall is h's release script, keys and arguments. The took marker
-// its acquire wrote lives two TTLs: after a hold of more than half a TTL
-// the release writes it again, so that it outlives the release by a TTL.
+// releaseCall is h's release script, keys and arguments. The seen mark its
+// acquire raised lives two TTLs: after a hold of more than half a TTL the
+// release raises it again, so that it outlives the release by a TTL.
 func (h *Holder) releaseCall() (*redis.Script, []string, []any) {
-	return h.f.releaseCall(h.k, h.id, h.ls, time.Since(h.start) > h.ls.ttl/2, "")
+	var seq uint64
+	if time.Since(h.start) > h.ls.ttl/2 {
+		seq = h.seq
+	}
+	return h.f.releaseCall(h.k, h.id, h.ls, seq, "")
 }
 
 // confirmLocked records that the server accepted an acquire or extend sent

@@ -283,7 +283,7 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	if r3, err := other.run(""); err != nil || r3.status != 0 || r3.retry <= 0 {
 		t.Fatalf("another id: %+v %v; want locked with the lease left", r3, err)
 	}
-	s, keys, args := f.releaseCall(k, a.id, a.ls, false, "")
+	s, keys, args := f.releaseCall(k, a.id, a.ls, 0, "")
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,11 +20,10 @@ import (
 // states its KEYS, ARGV and reply, and runs on its own, for example
 //
 //	redis-cli --eval lua/mutex_acquire.lua 'lock:{x}:lock' 'lock:{x}:token' \
-//	    'lock:{x}:took:0123' 'lock:{x}:permits' 'lock:{x}:queue' , \
-//	    '0123:' 30000 '{}' 86400000 '' 1764000000000 ''
+//	    'lock:{x}:seen:f00d' 'lock:{x}:permits' , '0123:' 30000 1764000000000 '{}' 86400000 1
 //
 // The keys of a name (see keysFor): lock, token (counter), permits, queue,
-// and for acquire and release the id's took marker (see keys.tookOf). The
+// and for acquire and release the factory's seen mark (see keys.of). The
 // lock is a string while a mutex holds the name: "id:token:since:meta",
 // then flags once somebody waits (lua/mutex_acquire.lua), the waiters
 // themselves in the queue, a list. While a semaphore or shared name is
@@ -40,12 +40,14 @@ import (
 // ':' ("id:"), the prefix of the value; the semaphore scripts get it
 // without.
 //
-// An id takes a name at most once: the acquire that takes it writes the
-// id's took marker, for two TTLs, and refuses to take the name if it is
-// there already; the release writes it again if the lock was held for
-// more than half its TTL, and so does the cleanup of a failed attempt.
-// An acquire request that reaches the server only after its attempt was
-// given up (delayed past the client's timeout, then cleaned up; or
+// Each factory numbers the requests it sends (Factory.seq), and a name
+// keeps, per factory that took it lately, the number of the last request
+// of that factory that took it (its seen mark, two TTLs after the take):
+// a request of the factory whose number is not above it takes nothing. A
+// release raises it again, for a TTL, after a hold of more than half a
+// TTL, and so do the cleanup of a failed attempt and a waiter that gives
+// up. An acquire request that reaches the server only after its attempt
+// was given up (delayed past the client's timeout, then cleaned up; or
 // retried by the client on another connection, held, and released) would
 // otherwise take the name for an id nobody holds, for a whole TTL.
 //
@@ -92,11 +94,10 @@ var (
 )
 
 // keys are the Redis keys and channel of one name, all tagged with
-// {<escaped name>} so that they share a cluster slot. took is the prefix
-// of its took markers, one per id (see tookOf); queue is a mutex's
-// waiters (see lua/mutex_acquire.lua).
+// {<escaped name>} so that they share a cluster slot. queue is a mutex's
+// waiters (see lua/mutex_acquire.lua), seen a factory's mark (see of).
 type keys struct {
-	lock, token, permits, queue, channel, took string
+	lock, token, permits, queue, channel, seen string
 }
 
 func keysFor(prefix, name string) keys {
@@ -114,45 +115,48 @@ func keysOfEscaped(prefix, esc string) keys {
 // keysOfBase is keysFor for the common start of a name's keys,
 // "<prefix>{<escaped name>}:" (a grant names the lock key).
 func keysOfBase(base string) keys {
-	return keys{
-		lock: base + "lock", token: base + "token", permits: base + "permits",
-		queue: base + "queue", channel: base + "released", took: base + "took:",
+	// One allocation for the five: each is a slice of it.
+	all := base + "lock" + base + "token" + base + "permits" + base + "queue" + base + "released"
+	next := func(suffix string) string {
+		k := all[:len(base)+len(suffix)]
+		all = all[len(k):]
+		return k
 	}
+	return keys{lock: next("lock"), token: next("token"), permits: next("permits"), queue: next("queue"), channel: next("released")}
 }
 
-// tookOf is the took marker of the acquisition with this id: written when
-// the id takes the name (and again when it lets go of it after a long
-// hold, or its failed attempt is cleaned up), it stops the id's acquire
-// script from taking the name a second time, if a copy of it runs late (a
-// request delayed on its way past the client's timeout, or a copy of one
-// the client retried).
-func (k keys) tookOf(id string) string { return k.took + semID(id) }
+// of returns k with the seen mark of the factory with this id: the number
+// of the last request of that factory that took the name (see the
+// scripts' doc above).
+func (k keys) of(factory string) keys {
+	k.seen = strings.TrimSuffix(k.lock, "lock") + "seen:" + factory
+	return k
+}
 
 // releaseCall is the script, keys and arguments that release the lock,
 // reader or permit with this id (a mutex, or a name its last reader
-// leaves, to its first waiter). mark writes the id's took marker, for one
-// TTL; entry is the caller's queue entry if it may have queued for a
+// leaves, to its first waiter). A seq above 0 raises k's seen mark to it,
+// for a TTL; entry is the caller's queue entry if it may have queued for a
 // mutex (see attempt.entry), which the script takes out.
-func (f *Factory) releaseCall(k keys, id string, ls lease, mark bool, entry string) (*redis.Script, []string, []any) {
-	ms := ""
-	if mark {
-		ms = strconv.FormatInt(ls.ttl.Milliseconds(), 10)
+func (f *Factory) releaseCall(k keys, id string, ls lease, seq uint64, entry string) (*redis.Script, []string, []any) {
+	mark, ms := "", ls.ttl.Milliseconds()
+	if seq > 0 {
+		mark = strconv.FormatUint(seq, 10)
 	}
-	tk := k.tookOf(id)
 	switch {
 	case ls.limit > 1:
-		return semRelease, []string{k.lock, tk, k.permits}, []any{semID(id), k.channel, ms}
+		return semRelease, []string{k.lock, k.seen, k.permits}, []any{semID(id), k.channel, mark, ms}
 	case ls.shared:
-		return sharedRelease, []string{k.lock, tk, k.token, k.queue, k.permits}, []any{semID(id), time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds(), ms}
+		return sharedRelease, []string{k.lock, k.seen, k.token, k.queue, k.permits}, []any{semID(id), time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds(), mark, ms}
 	}
-	keys := []string{k.lock, tk, k.token, k.queue}
+	keys := []string{k.lock, k.seen, k.token, k.queue}
 	args := []any{id, time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds()}
 	switch {
 	case entry != "":
 		keys = append(keys, k.permits)
-		args = append(args, ms, entry)
-	case mark:
-		args = append(args, ms)
+		args = append(args, mark, ms, entry)
+	case seq > 0:
+		args = append(args, mark, ms)
 	}
 	return mutexRelease, keys, args
 }

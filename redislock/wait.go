@@ -132,11 +132,11 @@ func (a *attempt) leave() {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), backend.Grace)
 	entry := a.entry()
-	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls, true, entry)
+	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls, a.seq, entry)
 	err := s.Run(ctx, a.f.c, keys, args...).Err()
 	cancel()
 	if err != nil {
-		a.f.abandon(a.ctx, a.k, a.id, a.ls, entry)
+		a.f.abandon(a.ctx, a.k, a.id, a.ls, a.seq, entry)
 	}
 }
 
@@ -496,7 +496,9 @@ func (h *hub) granted(msg string) {
 	if !ok {
 		return
 	}
-	h.f.abandon(context.Background(), keysOfBase(base), id, lease{ttl: time.Duration(ttl) * time.Millisecond, limit: 1}, "")
+	// The copy's number is not known: every request sent so far is
+	// older than the mark (another attempt's refused request looks again).
+	h.f.abandon(context.Background(), keysOfBase(base).of(h.f.id), id, lease{ttl: time.Duration(ttl) * time.Millisecond, limit: 1}, h.f.seq.Load(), "")
 }
 
 // notify wakes the first waiter of ch.

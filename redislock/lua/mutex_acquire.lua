@@ -1,14 +1,14 @@
 -- Takes a mutex, or puts a waiter in its queue.
--- KEYS: lock, token, the id's took marker, permits, and for a caller
+-- KEYS: lock, token, the factory's seen mark, permits, and for a caller
 -- that waits the queue.
 -- ARGV: "<id>:", ttl ms, the caller's clock in ms (since when it holds,
--- for Inspect), meta JSON, token retention ms, and for a caller that
--- waits: 'w', or 'q' if it is in the queue already as far as it knows;
--- the waiting factory's channel ('' if the caller does not join the queue
--- yet).
+-- for Inspect), meta JSON, token retention ms, the request's number (see
+-- below), and for a caller that waits: 'w', or 'q' if it is in the queue
+-- already as far as it knows; the waiting factory's channel ('' if the
+-- caller does not join the queue yet).
 -- Reply: the token (a string) | {0, ms: when to look again} |
--- {-1, the limit in force} | {-2, '0'} the id took the name before, or
--- was given up.
+-- {-1, the limit in force} | {-3, '0'} a newer request of the caller's
+-- factory took the name since this one was sent: look again.
 --
 -- A held mutex's value is "<id>:<token>:<since ms>:<meta>", and, once
 -- somebody waits, "\n" and flags: 'q' the queue may hold waiters (the
@@ -20,19 +20,23 @@
 -- small whatever the number of waiters, and only waiters and hand-offs
 -- touch the queue.
 --
--- Free: a token is drawn, the lock set for one TTL and the id's took
--- marker written for two: an id takes a name once, so a copy of this
--- request that reaches the server late (delayed past the client's
--- timeout and cleaned up, or retried by the client and released since)
--- takes nothing. A caller that does not wait tries SET NX at once (the
--- uncontended acquire is INCR, SET NX, SET NX: a try that finds the name
--- held uses up a token); a waiter looks first (GET), as it mostly finds
--- the name held.
+-- Free: a token is drawn, the lock set for one TTL, and the factory's
+-- seen mark for the name raised to the request's number. Every request a
+-- factory sends has a number larger than the ones before; the mark, kept
+-- two TTLs, is the number of the last request of the factory that took
+-- the name (or that it gave up on), and a request whose number is not
+-- above it takes nothing. So a copy of a request that reaches the server
+-- late (delayed past the client's timeout and cleaned up, or retried by
+-- the client and released since) cannot take the name for an id nobody
+-- holds, and no acquire writes a key of its own. A caller that does not
+-- wait tries SET NX at once (the uncontended acquire is INCR, SET NX and
+-- SET of the mark: a try that finds the name held uses up a token); a
+-- waiter looks first (GET), as it mostly finds the name held.
 --
 -- Held: "ours" (the value starts with the id: a release granted the name
 -- to this waiter, or the client retried this acquire) renews the lease,
--- writes the took marker and returns the token. Otherwise a waiter joins
--- the queue (RPUSH, and the 'q' flag on the value), and the reply is the
+-- raises the mark and returns the token. Otherwise a waiter joins the
+-- queue (RPUSH, and the 'q' flag on the value), and the reply is the
 -- lease left.
 --
 -- Held as a semaphore or shared: the lock is then the sorted set of its
@@ -46,7 +50,7 @@
 -- in microseconds if the counter is missing, not a number, or below 10^15
 -- (a clock before 2001: not one of ours), so that a lost counter never
 -- restarts low; a counter of another type fails the script.
-local id, ttl, waits, ch = ARGV[1], ARGV[2], ARGV[6], ARGV[7]
+local id, ttl, waits, ch = ARGV[1], ARGV[2], ARGV[7], ARGV[8]
 
 local function draw()
   local n = redis.pcall('INCR', KEYS[2])
@@ -58,11 +62,22 @@ local function draw()
   return tok
 end
 
+-- mark raises the factory's seen mark to this request's number, and
+-- reports false if it was there already (a newer request took the name).
+local function mark()
+  local old = redis.call('SET', KEYS[3], ARGV[6], 'PX', 2 * ttl, 'GET')
+  if old and (tonumber(old) or 0) >= tonumber(ARGV[6]) then
+    redis.call('SET', KEYS[3], old, 'PX', 2 * ttl)
+    return false
+  end
+  return true
+end
+
 -- took completes a take of the lock, just set for the id with tok.
 local function took(tok)
-  if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', 2 * ttl) then
+  if not mark() then
     redis.call('DEL', KEYS[1])
-    return {-2, '0'}
+    return {-3, '0'}
   end
   return tok
 end
@@ -115,7 +130,7 @@ if type(v) == 'table' then -- a sorted set: permits or readers
 end
 if string.sub(v, 1, #id) == id then
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('SET', KEYS[3], '1', 'NX', 'PX', 2 * ttl)
+  mark()
   return string.match(v, '^[^:]*:(%d+):')
 end
 if ch ~= '' then

@@ -2,17 +2,19 @@
 -- its queue if the value is flagged 'q' (see mutex_acquire.lua), else by
 -- deleting it. Takes a waiter that gives up out of the queue. Also the
 -- cleanup of a failed attempt and of a waiter that gave up: those, and a
--- holder that held for more than half its TTL, write the id's took
--- marker, so that a late copy of the id's acquire takes nothing for at
--- least a TTL after this (the acquire wrote it for two).
--- KEYS: lock, the id's took marker, token, queue, and with a queue entry
--- the permits.
+-- holder that held for more than half its TTL, raise the factory's seen
+-- mark (see mutex_acquire.lua) to the number of their last request and
+-- keep it for a TTL, so that a late copy of one takes nothing (the
+-- acquire kept it for two TTLs).
+-- KEYS: lock, the factory's seen mark, token, queue, and with a queue
+-- entry the permits.
 -- ARGV: "<id>:", the releasing client's clock in ms, heard ('1': one
 -- server has every subscriber, so a PUBLISH that reaches nobody means the
--- waiter's factory is gone), token retention ms, and optionally the took
--- marker's ms ('' to leave it) and the caller's queue entry (if it may
--- have queued: a writer that leaves the queue behind readers, the last
--- one, wakes the readers that wait behind it).
+-- waiter's factory is gone), token retention ms, and optionally the
+-- number to raise the mark to ('' for none) and for how many ms, and the
+-- caller's queue entry (if it may have queued: a writer that leaves the
+-- queue behind readers, the last one, wakes the readers that wait behind
+-- it).
 -- Reply: 1 released, 0 not ours.
 --
 -- A grant takes the first entry of the queue, sets the lock to the
@@ -24,10 +26,15 @@
 -- for it (the 'r' flag) is announced on the name's channel,
 -- "<prefix>{<esc>}:released".
 local id = ARGV[1]
-if ARGV[5] and ARGV[5] ~= '' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[5]) end
+if ARGV[5] and ARGV[5] ~= '' then
+  local old = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if old < tonumber(ARGV[5]) or redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then
+    redis.call('SET', KEYS[2], string.format('%d', math.max(old, tonumber(ARGV[5]))), 'PX', ARGV[6])
+  end
+end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' or string.sub(v, 1, #id) ~= id then
-  if ARGV[6] and redis.call('LREM', KEYS[4], 0, ARGV[6]) > 0 and type(v) == 'table'
+  if ARGV[7] and redis.call('LREM', KEYS[4], 0, ARGV[7]) > 0 and type(v) == 'table'
       and redis.call('EXISTS', KEYS[4]) == 0 and redis.call('HDEL', KEYS[5], '#r') == 1 then
     redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'r')
   end

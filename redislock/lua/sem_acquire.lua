@@ -2,10 +2,11 @@
 -- ids, scored by expiry (server ms); the permits hash holds each one's
 -- "token:since:meta" and '#limit' the limit. Both live as long as the
 -- last permit.
--- KEYS: lock, token, the id's took marker, permits.
--- ARGV: id, ttl ms, limit, meta JSON, token retention ms.
--- Reply: as mutex_acquire.lua. Tokens are drawn, and the took marker
--- written, as there.
+-- KEYS: lock, token, the factory's seen mark, permits.
+-- ARGV: id, ttl ms, limit, meta JSON, token retention ms, the request's
+-- number.
+-- Reply: as mutex_acquire.lua. Tokens are drawn, and the seen mark
+-- raised, as there.
 local ty = redis.call('TYPE', KEYS[1]).ok
 if ty == 'string' then return {-1, '1'} end -- a mutex, or a shared name's writer
 local t = redis.call('TIME')
@@ -48,7 +49,11 @@ if ty == 'zset' then
   end
 end
 local tok = draw()
-if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', string.format('%d', 2 * ttl)) then return {-2, '0'} end
+local old = redis.call('SET', KEYS[3], ARGV[6], 'PX', 2 * ttl, 'GET')
+if old and (tonumber(old) or 0) >= tonumber(ARGV[6]) then
+  redis.call('SET', KEYS[3], old, 'PX', 2 * ttl)
+  return {-3, '0'}
+end
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), id)
 redis.call('HSET', KEYS[4], id, tok .. ':' .. nows .. ':' .. ARGV[4], '#limit', ARGV[3])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')

@@ -1,10 +1,16 @@
 -- Removes this holder's permit, if it is still there, and wakes waiters
--- (also when it dropped expired permits); writes the id's took marker if
--- asked (see mutex_release.lua).
--- KEYS: lock, the id's took marker, permits.
--- ARGV: id, channel, the took marker's ms ('' to leave it).
+-- (also when it dropped expired permits); raises the factory's seen mark
+-- if asked (see mutex_release.lua).
+-- KEYS: lock, the factory's seen mark, permits.
+-- ARGV: id, channel, the number to raise the mark to ('' for none) and
+-- for how many ms.
 -- Reply: 1 released, 0 not ours (lost).
-if ARGV[3] ~= '' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
+if ARGV[3] ~= '' then
+  local old = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if old < tonumber(ARGV[3]) or redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[2], string.format('%d', math.max(old, tonumber(ARGV[3]))), 'PX', ARGV[4])
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nows = string.format('%d', now)

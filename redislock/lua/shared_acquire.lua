@@ -2,9 +2,9 @@
 -- the lock key as a sorted set of reader ids scored by expiry (server ms),
 -- like a semaphore's permits (sem_acquire.lua), with '#limit' '1' in the
 -- permits hash (no semaphore has limit 1).
--- KEYS: lock, token, the id's took marker, permits, queue.
+-- KEYS: lock, token, the factory's seen mark, permits, queue.
 -- ARGV: id, ttl ms, meta JSON, token retention ms, '1' if the caller
--- waits.
+-- waits, the request's number.
 -- Reply: as mutex_acquire.lua.
 --
 -- A reader is turned away while a writer holds the name (the lock is a
@@ -13,7 +13,7 @@
 -- waits, with the 'r' flag on the writer's value or '#r' in the permits
 -- hash, so that the release that frees the name announces it on the
 -- name's channel (mutex_release.lua); it looks again within its TTL in
--- any case. Tokens are drawn, and the took marker written, as
+-- any case. Tokens are drawn, and the seen mark raised, as
 -- mutex_acquire.lua does.
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 local wait = ARGV[5] == '1'
@@ -70,7 +70,11 @@ if ty == 'zset' then
   end
 end
 local tok = draw()
-if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', string.format('%d', 2 * ttl)) then return {-2, '0'} end
+local old = redis.call('SET', KEYS[3], ARGV[6], 'PX', 2 * ttl, 'GET')
+if old and (tonumber(old) or 0) >= tonumber(ARGV[6]) then
+  redis.call('SET', KEYS[3], old, 'PX', 2 * ttl)
+  return {-3, '0'}
+end
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), id)
 redis.call('HSET', KEYS[4], id, tok .. ':' .. nows .. ':' .. ARGV[3], '#limit', '1')
 local ms = string.format('%d', last - now + 1)

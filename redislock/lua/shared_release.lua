@@ -1,16 +1,21 @@
 -- Removes a reader of a name held shared (shared_acquire.lua), if it is
 -- still there; the last reader hands the name to the first writer queued
 -- behind the readers (as mutex_release.lua grants it), or, with none,
--- announces it on the name's channel if readers wait. Writes the id's
--- took marker if asked (see mutex_release.lua).
--- KEYS: lock, the id's took marker, token, queue, permits.
+-- announces it on the name's channel if readers wait. Raises the
+-- factory's seen mark if asked (see mutex_release.lua).
+-- KEYS: lock, the factory's seen mark, token, queue, permits.
 -- ARGV: the reader's id (without ':'), the releasing client's clock in
--- ms, heard (as mutex_release.lua), token retention ms, the took marker's
--- ms ('' to leave it).
+-- ms, heard (as mutex_release.lua), token retention ms, the number to
+-- raise the mark to ('' for none) and for how many ms.
 -- Reply: 1 released, 0 not ours.
 local id = ARGV[1]
 local channel = string.sub(KEYS[1], 1, -5) .. 'released'
-if ARGV[5] ~= '' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[5]) end
+if ARGV[5] ~= '' then
+  local old = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if old < tonumber(ARGV[5]) or redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then
+    redis.call('SET', KEYS[2], string.format('%d', math.max(old, tonumber(ARGV[5]))), 'PX', ARGV[6])
+  end
+end
 
 local function draw()
   local n = redis.pcall('INCR', KEYS[3])
