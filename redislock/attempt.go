@@ -258,7 +258,7 @@ type lease struct {
 	ttl    time.Duration
 	margin time.Duration // the holder gives up this long before the server's expiry
 	limit  int
-	meta   string // owner and metadata as stored for Inspect
+	meta   string // owner and metadata as stored for Inspect (the acquire's: a holder drops it, see held)
 	shared bool   // WithShared: a reader, kept like a semaphore permit
 	wait   bool   // WithWait
 }
