@@ -82,9 +82,11 @@ type opCase struct {
 }
 
 type roundRes struct {
-	s      summary
-	allocs float64 // heap objects allocated per operation, by the whole process
-	rts    float64 // round trips per operation
+	s       summary
+	allocs  float64 // heap objects allocated per operation, by the whole process
+	rts     float64 // round trips per operation
+	work    work    // the server's work per operation (Redis only)
+	counted bool    // work was counted
 }
 
 func failed(id, service, label string, k kind, err error) *opCase {

@@ -26,12 +26,19 @@ import (
 type work struct {
 	ops     float64 // Postgres transactions (one per statement outside a transaction block), Redis commands, etcd unary RPCs
 	scripts float64 // Redis: EVAL, EVALSHA and FCALL (scripts and functions) among ops
+	usec    float64 // Redis: µs spent in those scripts (their commandstats usec, the commands they call included)
+	cpu     float64 // Redis: µs of the server process's CPU (INFO cpu: used_cpu_sys + used_cpu_user)
 	writes  float64 // etcd: keys put and deleted
 	watch   float64 // etcd: watch responses sent (what a release costs the watchers it wakes)
 }
 
 func (w work) sub(v work) work {
-	return work{ops: w.ops - v.ops, scripts: w.scripts - v.scripts, writes: w.writes - v.writes, watch: w.watch - v.watch}
+	return work{ops: w.ops - v.ops, scripts: w.scripts - v.scripts, usec: w.usec - v.usec, cpu: w.cpu - v.cpu, writes: w.writes - v.writes, watch: w.watch - v.watch}
+}
+
+// per is w divided by n operations.
+func (w work) per(n float64) work {
+	return work{ops: w.ops / n, scripts: w.scripts / n, usec: w.usec / n, cpu: w.cpu / n, writes: w.writes / n, watch: w.watch / n}
 }
 
 // counters reads the Redis and etcd counters. Postgres's is read by
@@ -61,8 +68,9 @@ func (c *counters) read(ctx context.Context, service string) (work, error) {
 	return work{}, fmt.Errorf("no counter for %q", service)
 }
 
-// redisWork sums INFO commandstats. INFO itself is left out: only the
-// reading makes it.
+// redisWork sums INFO commandstats and reads INFO cpu. INFO itself is
+// left out: only the reading makes it. A script's usec includes the
+// commands it calls, which commandstats also counts on their own.
 func (c *counters) redisWork(ctx context.Context) (work, error) {
 	info, err := c.e.rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
@@ -75,18 +83,44 @@ func (c *counters) redisWork(ctx context.Context) (work, error) {
 		if !ok || !isCmd || cmd == "info" {
 			continue
 		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		n, err := strconv.ParseFloat(calls, 64)
+		n, err := statField(rest, "calls")
 		if err != nil {
 			return work{}, fmt.Errorf("INFO commandstats: %q: %w", line, err)
 		}
 		w.ops += n
 		switch cmd {
 		case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+			us, err := statField(rest, "usec")
+			if err != nil {
+				return work{}, fmt.Errorf("INFO commandstats: %q: %w", line, err)
+			}
 			w.scripts += n
+			w.usec += us
 		}
 	}
+	cpu, err := c.e.rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return work{}, err
+	}
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		s, err := strconv.ParseFloat(field(cpu, f, nil), 64)
+		if err != nil {
+			return work{}, fmt.Errorf("INFO cpu: %s: %w", f, err)
+		}
+		w.cpu += s * 1e6
+	}
 	return w, nil
+}
+
+// statField reads key's number from a commandstats line's
+// "calls=N,usec=N,..." part.
+func statField(s, key string) (float64, error) {
+	for _, kv := range strings.Split(s, ",") {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s", key)
 }
 
 // etcdWork reads etcd's /metrics on its client URL: the unary RPCs it

@@ -198,7 +198,39 @@ func (r *Result) opsMarkdown(b *strings.Builder) {
 				fmtDur(s.p50), fmtDur(s.p99), fmtDur(s.mean), trips, rt, fl, bp, c.allocs(cd))
 		}
 	}
+	r.opsWorkMarkdown(b)
 
+}
+
+// opsWorkMarkdown: what Redis counted per uncontended operation (idle
+// CPUs), for the cases where it was counted.
+func (r *Result) opsWorkMarkdown(b *strings.Builder) {
+	var rows []string
+	for _, c := range r.ops {
+		if w, ok := c.work(idle); ok && c.err == nil {
+			rows = append(rows, fmt.Sprintf("| %s | %.1f | %.1f | %.1f | %.1f |\n", c.id, w.ops, w.scripts, w.usec, w.cpu))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\n### Redis's work per operation (idle CPUs)\n\n")
+	b.WriteString("Counted by the server over each batch (INFO commandstats and cpu), median over the rounds: commands (the ones scripts call included), scripts, µs spent in scripts, µs of the server's CPU.\n\n")
+	b.WriteString("| case | calls | scripts | µs in scripts | µs CPU |\n|---|---:|---:|---:|---:|\n")
+	for _, row := range rows {
+		b.WriteString(row)
+	}
+}
+
+// work is the median over rounds of the server's work per operation.
+func (c *opCase) work(cd cond) (work, bool) {
+	var ws []work
+	for _, r := range c.res[cd] {
+		if r.counted {
+			ws = append(ws, r.work)
+		}
+	}
+	return medianWork(ws), len(ws) > 0
 }
 
 func waitersText(ns []int) string {
@@ -310,7 +342,7 @@ func (r *Result) restMarkdown(b *strings.Builder) {
 		n := r.renewal[0].held
 		w("\n## Renewal of %d held locks (idle CPUs)\n\n", n)
 		w("The cost of renewing every lock once: round trips, commands, wall time of the passes (summed), and the benchmark process's CPU. Ours and concurrency.Mutex renew in the background (TTL %v, every third of it); the hook on their client times each pass. The peers that renew one lock per call are swept by hand.\n\n", renewTTL)
-		w("| case | kind | round trips | commands | wall | × floor | pass p50 | pass p99 | client CPU |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| case | kind | round trips | commands | wall | × floor | pass p50 | pass p99 | client CPU | heap per held lock |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		floors := map[string]time.Duration{}
 		for _, c := range r.renewal {
 			if c.kind == floorKind && c.err == nil {
@@ -338,9 +370,13 @@ func (r *Result) restMarkdown(b *strings.Builder) {
 			if c.kind != floorKind {
 				fl = ratio(float64(c.wallPerAll()), float64(floors[c.service]))
 			}
-			w("| %s — %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n", c.id, c.label, c.kind,
+			heap := "—"
+			if c.perLock > 0 {
+				heap = fmt.Sprintf("%.0f B", c.perLock)
+			}
+			w("| %s — %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s |\n", c.id, c.label, c.kind,
 				float64(rts)*per, float64(cmds)*per, fmtDur(c.wallPerAll()), fl,
-				fmtDur(s.p50), fmtDur(s.p99), fmtDur(time.Duration(float64(c.cpu)*per)))
+				fmtDur(s.p50), fmtDur(s.p99), fmtDur(time.Duration(float64(c.cpu)*per)), heap)
 		}
 	}
 
@@ -440,15 +476,28 @@ func (c *contCase) perAcquire(cd cond) (work, bool) {
 			rr = []contRes{*c.count}
 		}
 	}
-	var ops, scripts, writes, watch []float64
+	var ws []work
 	for _, x := range rr {
 		if x.counted && x.total > 0 {
-			n := float64(x.total)
-			ops, scripts, writes = append(ops, x.work.ops/n), append(scripts, x.work.scripts/n), append(writes, x.work.writes/n)
-			watch = append(watch, x.work.watch/n)
+			ws = append(ws, x.work.per(float64(x.total)))
 		}
 	}
-	return work{ops: median(ops), scripts: median(scripts), writes: median(writes), watch: median(watch)}, len(ops) > 0
+	return medianWork(ws), len(ws) > 0
+}
+
+// medianWork is the median of each figure of ws.
+func medianWork(ws []work) work {
+	var ops, scripts, usec, cpu, writes, watch []float64
+	for _, w := range ws {
+		ops, scripts, usec, cpu = append(ops, w.ops), append(scripts, w.scripts), append(usec, w.usec), append(cpu, w.cpu)
+		writes, watch = append(writes, w.writes), append(watch, w.watch)
+	}
+	return work{ops: median(ops), scripts: median(scripts), usec: median(usec), cpu: median(cpu), writes: median(writes), watch: median(watch)}
+}
+
+// redisWorkText is the Redis server's work per operation.
+func redisWorkText(w work) string {
+	return fmt.Sprintf("%.1f calls, %.1f scripts, %.1f µs in scripts, %.1f µs CPU", w.ops, w.scripts, w.usec, w.cpu)
 }
 
 func (c *contCase) workText(cd cond) string {
@@ -460,7 +509,7 @@ func (c *contCase) workText(cd cond) string {
 	case Postgres:
 		return fmt.Sprintf("%.1f statements", w.ops)
 	case Redis:
-		return fmt.Sprintf("%.1f calls, %.1f scripts", w.ops, w.scripts)
+		return redisWorkText(w)
 	case Etcd:
 		return fmt.Sprintf("%.1f RPCs, %.1f writes, %.1f watch responses", w.ops, w.writes, w.watch)
 	}

@@ -157,7 +157,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			c.rts = e.rts[c.service]
 		}
 		logf("uncontended: %d cases × %d rounds", len(set), cfg.Rounds)
-		runOps(ctx, set, cfg, sp)
+		runOps(ctx, set, cfg, sp, newCounters(e))
 		e.closeFrom(m)
 		r.runs = append(r.runs, set)
 	}
@@ -243,7 +243,7 @@ func heapObjects() uint64 {
 
 // runOps runs every case cfg.Rounds times in each condition, rotating the
 // order each round.
-func runOps(ctx context.Context, cases []*opCase, cfg Config, sp *spinner) {
+func runOps(ctx context.Context, cases []*opCase, cfg Config, sp *spinner, ctr *counters) {
 	for _, c := range cases {
 		for i := 0; i < cfg.Warmup && c.err == nil; i++ {
 			c.err = c.op(ctx)
@@ -255,7 +255,7 @@ func runOps(ctx context.Context, cases []*opCase, cfg Config, sp *spinner) {
 			for i := range cases {
 				c := cases[(i+r)%len(cases)]
 				if c.err == nil {
-					c.batch(ctx, cd, cfg)
+					c.batch(ctx, cd, cfg, ctr)
 				}
 			}
 		}
@@ -263,9 +263,19 @@ func runOps(ctx context.Context, cases []*opCase, cfg Config, sp *spinner) {
 	sp.set(false)
 }
 
-func (c *opCase) batch(ctx context.Context, cd cond, cfg Config) {
+// batch times one batch of c; ctr, where it counts c's service (Redis),
+// also has the server count its work, read outside the batch's counts.
+func (c *opCase) batch(ctx context.Context, cd cond, cfg Config, ctr *counters) {
 	inner := max(c.inner, 1)
 	samples := make([]time.Duration, 0, 256)
+	count := c.service == Redis && ctr.counts(c.service)
+	var w0 work
+	if count {
+		var err error
+		if w0, err = ctr.read(ctx, c.service); err != nil {
+			count = false
+		}
+	}
 	a0, rt0 := heapObjects(), c.rts.load()
 	start := time.Now()
 	for len(samples) < cfg.MinOps || len(samples) < cfg.MaxOps && time.Since(start) < cfg.Batch {
@@ -279,5 +289,11 @@ func (c *opCase) batch(ctx context.Context, cd cond, cfg Config) {
 		samples = append(samples, time.Since(t0)/time.Duration(inner))
 	}
 	ops := float64(len(samples) * inner)
-	c.res[cd] = append(c.res[cd], roundRes{s: summarize(samples), allocs: float64(heapObjects()-a0) / ops, rts: float64(c.rts.load()-rt0) / ops})
+	res := roundRes{s: summarize(samples), allocs: float64(heapObjects()-a0) / ops, rts: float64(c.rts.load()-rt0) / ops}
+	if count {
+		if w1, err := ctr.read(ctx, c.service); err == nil {
+			res.work, res.counted = w1.sub(w0).per(ops), true
+		}
+	}
+	c.res[cd] = append(c.res[cd], res)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -33,7 +34,25 @@ type renewCase struct {
 	passes  []pass        // every pass seen
 	cpu     time.Duration // client CPU (this process) over the measured windows
 	renewed int           // locks renewed over the measured windows
+	perLock float64       // client heap per held lock, bytes (0: not measured)
 	err     error
+}
+
+// perLock is the heap grown since h0 (heapLive's), per lock of n.
+func perLock(h0 uint64, n int) float64 {
+	h1 := heapLive()
+	if h1 < h0 {
+		return 0
+	}
+	return float64(h1-h0) / float64(n)
+}
+
+// heapLive is the live heap after a collection, in bytes.
+func heapLive() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }
 
 // pass is one renewal round trip (a pipeline, an RPC, a keepalive) or, for
@@ -309,11 +328,17 @@ func renewRedislock(ctx context.Context, e *env, logf func(string, ...any)) *ren
 		f := redislock.NewFactory(c, redislock.WithKeyPrefix(e.prefix+"renew/"), redislock.WithLogger(nil),
 			redislock.WithTTL(renewTTL), redislock.WithAutoRenew(true))
 		hs := make([]*redislock.Holder, n)
+		names := make([]string, n)
+		for i := range names {
+			names[i] = strconv.Itoa(i)
+		}
+		h0 := heapLive()
 		ours.err = parallel(n, redisWorkers, func(i int) (err error) {
-			hs[i], err = f.Acquire(ctx, strconv.Itoa(i))
+			hs[i], err = f.Acquire(ctx, names[i])
 			return err
 		})
 		if ours.err == nil {
+			ours.perLock = perLock(h0, n)
 			ours.watch(rounds, rec)
 			for _, h := range hs {
 				if err := h.Err(); err != nil {
@@ -334,10 +359,18 @@ func renewBsm(ctx context.Context, e *env, logf func(string, ...any)) *renewCase
 	b := newRenewCase(e, Redis, idBsm, fmt.Sprintf("bsm/redislock Refresh per lock, %d at a time", workers), peerKind)
 	bc := bsm.New(rdb)
 	bl := make([]*bsm.Lock, n)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%srenew-bsm/%d", e.prefix, i)
+	}
+	h0 := heapLive()
 	b.err = parallel(n, workers, func(i int) (err error) {
-		bl[i], err = bc.Obtain(ctx, fmt.Sprintf("%srenew-bsm/%d", e.prefix, i), time.Minute, nil)
+		bl[i], err = bc.Obtain(ctx, names[i], time.Minute, nil)
 		return err
 	})
+	if b.err == nil {
+		b.perLock = perLock(h0, n)
+	}
 	b.sweep(rounds, func() (pass, error) {
 		t0 := time.Now()
 		err := parallel(n, workers, func(i int) error { return bl[i].Refresh(ctx, time.Minute, nil) })

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,13 +25,14 @@ type attempt struct {
 	k     keys
 	ls    lease
 	id    string // random, unique per call (see newID)
+	seq   uint64 // the number of the last request sent (see Factory.seq)
 	renew bool
 	early bool    // it waits in the hub from before its first look (see waiting)
 	w     *waiter // its place in the hub, once it waits
 }
 
 func (f *Factory) newAttempt(ctx context.Context, name string, o *lock.Options, renew bool) *attempt {
-	a := &attempt{f: f, ctx: ctx, name: name, o: o, k: keysFor(o.KeyPrefix, name), ls: f.leaseOf(o), id: newID(), renew: renew}
+	a := &attempt{f: f, ctx: ctx, name: name, o: o, k: keysFor(o.KeyPrefix, name).of(f.id), ls: f.leaseOf(o), id: newID(), renew: renew}
 	// A mutex waiter is in the hub before its first look, so that no
 	// grant is missed; a permit's, only behind others of this process
 	// that wait for the name, so as not to overtake them.
@@ -40,7 +42,7 @@ func (f *Factory) newAttempt(ctx context.Context, name string, o *lock.Options, 
 
 // reply is the acquire script's answer to one attempt.
 type reply struct {
-	status int // 1 acquired, 0 held, -1 limit mismatch
+	status int // 1 acquired, 0 held, -1 limit mismatch, -3 look again (a newer request of the factory took the name)
 	token  uint64
 	retry  time.Duration // held: when to look again
 	limit  int
@@ -61,6 +63,14 @@ func (a *attempt) try() (*Holder, time.Duration, error) {
 		ch = a.f.hub.own
 	}
 	r, err := a.run(ch)
+	// A request refused as older than one of the factory's that took the
+	// name since (the seen mark) looks again at once, with a new number.
+	for i := 0; err == nil && r.status == -3; i++ {
+		if i == 2 {
+			return nil, time.Millisecond, ErrLocked
+		}
+		r, err = a.run(ch)
+	}
 	switch {
 	case err != nil:
 		return nil, 0, err
@@ -95,7 +105,9 @@ func (a *attempt) held(r reply, queued bool) time.Duration {
 // got no reply is abandoned.
 func (a *attempt) run(ch string) (reply, error) {
 	k, ls, ttl, keep := a.k, a.ls, a.ls.ttl.Milliseconds(), tokenRetention.Milliseconds()
-	kl := []string{k.lock, k.token, k.slots, k.permits, k.tombOf(a.id)}
+	kl := []string{k.lock, k.token, k.seen, k.permits, k.queue}
+	a.seq = a.f.seq.Add(1)
+	seq := a.seq
 	sent := time.Now()
 	var cmd *redis.Cmd
 	switch {
@@ -104,16 +116,26 @@ func (a *attempt) run(ch string) (reply, error) {
 		if ls.wait {
 			wait = "1"
 		}
-		cmd = sharedAcquire.Run(a.ctx, a.f.c, append(kl, k.rwait), semID(a.id), ttl, ls.meta, keep, wait)
+		cmd = sharedAcquire.Run(a.ctx, a.f.c, kl, semID(a.id), ttl, ls.meta, keep, wait, seq)
+	case ls.limit == 1 && !ls.wait:
+		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl[:4], a.id, ttl, sent.UnixMilli(), ls.meta, keep, seq)
 	case ls.limit == 1:
-		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl, a.id, ttl, ls.meta, keep, ch)
+		waits := "w"
+		if a.w != nil && a.f.hub.inQueue(a.w) {
+			waits = "q"
+		}
+		cmd = mutexAcquire.Run(a.ctx, a.f.c, kl, a.id, ttl, sent.UnixMilli(), ls.meta, keep, seq, waits, ch)
 	default:
-		cmd = semAcquire.Run(a.ctx, a.f.c, kl, semID(a.id), ttl, ls.limit, ls.meta, keep)
+		cmd = semAcquire.Run(a.ctx, a.f.c, kl[:4], semID(a.id), ttl, ls.limit, ls.meta, keep, seq)
 	}
 	res, err := cmd.Result()
 	if err != nil {
 		a.f.unreachable(err)
-		a.f.abandon(a.ctx, k, a.id, ls)
+		entry := ""
+		if ch != "" {
+			entry = a.entry()
+		}
+		a.f.abandon(a.ctx, k, a.id, ls, seq, entry)
 		return reply{sent: sent}, fmt.Errorf("redislock: acquire: %w", err)
 	}
 	r, err := parseReply(res)
@@ -150,8 +172,8 @@ func parseReply(res any) (reply, error) {
 	case -1:
 		lim, _ := toInt(arr[1])
 		r.limit = int(lim)
-	case -2: // the id has a tombstone: not from a live attempt
-		return r, fmt.Errorf("redislock: acquire: attempt already given up")
+	case -3: // look again
+		return r, nil
 	default:
 		return r, fmt.Errorf("redislock: acquire: unexpected reply %v", res)
 	}
@@ -195,14 +217,25 @@ func (a *attempt) replicate(h *Holder) error {
 	return nil
 }
 
+// entry is the attempt's entry in a mutex's queue (see
+// lua/mutex_acquire.lua), by which it leaves the queue.
+func (a *attempt) entry() string {
+	ttl := strconv.FormatInt(a.ls.ttl.Milliseconds(), 10)
+	ch := a.f.hub.own
+	return a.id + ttl + ":" + strconv.Itoa(len(ch)) + ":" + ch + a.ls.meta
+}
+
 // abandon cleans up after an attempt that failed without a reply: the
 // script may have run, or run in part, and its reply been lost, or it may
 // still be on its way. So it releases the lock by the attempt's id (unique,
-// so this cannot touch anyone else's), which also writes the id's
-// tombstone. It runs in the background, bounded by its own timeout: the
-// caller's ctx may be over, and a server that does not answer would
-// otherwise keep the caller waiting for that long. Close waits for it.
-func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
+// so this cannot touch anyone else's), takes its entry out of the queue
+// if it may have joined it (entry, "" if not), and raises the factory's
+// seen mark to the request's number (seq), so that the request takes
+// nothing if it runs later. It runs in the background, bounded by its own
+// timeout: the caller's ctx may be over, and a server that does not answer
+// would otherwise keep the caller waiting for that long. Close waits for
+// it.
+func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease, seq uint64, entry string) {
 	f.mu.Lock()
 	tracked := !f.closed // Close may be waiting on wg already
 	if tracked {
@@ -215,7 +248,7 @@ func (f *Factory) abandon(ctx context.Context, k keys, id string, ls lease) {
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ls.ttl, backend.ReleaseTimeout))
 		defer cancel()
-		s, keys, args := f.releaseCall(k, id, ls)
+		s, keys, args := f.releaseCall(k, id, ls, seq, entry)
 		s.Run(cctx, f.c, keys, args...)
 	}()
 }
@@ -225,19 +258,34 @@ type lease struct {
 	ttl    time.Duration
 	margin time.Duration // the holder gives up this long before the server's expiry
 	limit  int
-	meta   string // owner and metadata as stored for Inspect
+	meta   string // owner and metadata as stored for Inspect (the acquire's: a holder drops it, see held)
 	shared bool   // WithShared: a reader, kept like a semaphore permit
 	wait   bool   // WithWait
 }
 
-// permit reports whether the holder is a member of the name's slots (a
-// semaphore permit or a reader) rather than the mutex's value.
+// held is ls as a holder keeps it: without what only the acquire needs.
+func (ls lease) held() lease {
+	ls.meta = ""
+	return ls
+}
+
+// permit reports whether the holder is a member of the name's sorted set
+// of permits (a semaphore permit or a reader) rather than a mutex's value.
 func (ls lease) permit() bool { return ls.limit > 1 || ls.shared }
 
 // leaseOf turns resolved options into the lease of one acquisition.
 func (f *Factory) leaseOf(o *lock.Options) lease {
 	ttl := cmp.Or(o.TTL, DefaultTTL).Truncate(time.Millisecond) // what Redis stores
+	m := f.meta
+	if o != &f.cfg.Options {
+		m = f.metaOf(o)
+	}
+	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: m, shared: o.Shared, wait: o.Wait}
+}
+
+// metaOf is owner and metadata as stored for Inspect.
+func (f *Factory) metaOf(o *lock.Options) string {
 	// A string and a map of strings always marshal.
 	m, _ := json.Marshal(meta{Owner: cmp.Or(o.Owner, f.owner), Metadata: o.Metadata})
-	return lease{ttl: ttl, margin: ttl/10 + 2*time.Millisecond, limit: o.Limit(), meta: string(m), shared: o.Shared, wait: o.Wait}
+	return string(m)
 }

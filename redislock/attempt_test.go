@@ -209,8 +209,8 @@ func TestDelayedAcquireTakesNothing(t *testing.T) {
 					if err != nil {
 						k := keysFor(testPrefix, name)
 						info, _ := g.Inspect(ctx, name)
-						t.Fatalf("after the delayed acquire ran: %v; held by nobody: %+v (PTTL lock %v, slots %v of a %v TTL)",
-							err, info, rdb.PTTL(ctx, k.lock).Val(), rdb.PTTL(ctx, k.slots).Val(), ttl)
+						t.Fatalf("after the delayed acquire ran: %v; held by nobody: %+v (PTTL lock %v, permits %v of a %v TTL)",
+							err, info, rdb.PTTL(ctx, k.lock).Val(), rdb.PTTL(ctx, k.permits).Val(), ttl)
 					}
 					hs = append(hs, h)
 				}

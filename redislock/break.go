@@ -28,9 +28,9 @@ var breakScript = redis.NewScript(breakSrc)
 //   - A semaphore loses every live permit in one script (lua/break.lua),
 //     which wakes its waiters as a release does (a PUBLISH on the name's
 //     channel) and keeps the token counter. So does a name held shared
-//     (WithShared): its readers; a writer waiting for them is then handed
-//     the name by a second script, the release of no reader, as the last
-//     reader's release would.
+//     (WithShared): its readers; the first writer queued behind them is
+//     then handed the name by a second script, the release of no reader,
+//     as the last reader's release would.
 //
 // Either way the next holder's token is larger than every freed one, and
 // the fence record of the key equal to name (Fence.Key(name), on the same
@@ -52,16 +52,16 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	k := keysFor(o.KeyPrefix, name)
+	k := keysFor(o.KeyPrefix, name).of(f.id)
 	fk := (&store{prefix: cmp.Or(o.KeyPrefix, DefaultKeyPrefix)}).key("fence/", name)
-	res, err := breakScript.Run(ctx, f.c, []string{k.lock, k.slots, k.permits, fk}, k.channel).Slice()
+	ls := f.leaseOf(&o)
+	res, err := breakScript.Run(ctx, f.c, []string{k.lock, k.permits, fk, k.queue}, k.channel, ls.ttl.Milliseconds()).Slice()
 	if err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)
 	}
 	if len(res) == 0 {
 		return fmt.Errorf("redislock: break: %w: %q", lock.ErrNotHeld, name)
 	}
-	ls := f.leaseOf(&o) // for the tombstone of the holder's id: one TTL
 	ls.limit = 1
 	var id string
 	switch kind, _ := res[0].(string); {
@@ -73,7 +73,7 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 	default:
 		id, _ = res[1].(string)
 	}
-	s, keys, args := f.releaseCall(k, id, ls)
+	s, keys, args := f.releaseCall(k, id, ls, 0, "")
 	if err := s.Run(ctx, f.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("redislock: break %q: %w", name, err)
 	}

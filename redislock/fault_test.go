@@ -237,12 +237,9 @@ func TestSIGSTOPWaiterAcrossGrant(t *testing.T) {
 	ctx := ctxT(t)
 	for round := range 3 {
 		name := uniq(t, fmt.Sprint(round))
-		lockKey := keysFor(testPrefix, name).lock
+		queue := keysFor(testPrefix, name).queue
 		queued := func(n int) func() bool {
-			return func() bool {
-				v, _ := rdb.Get(ctx, lockKey).Result()
-				return strings.Count(v, "\n") == n
-			}
+			return func() bool { return rdb.LLen(ctx, queue).Val() == int64(n) }
 		}
 		holder := testFactory(t, rdb, WithTTL(ttl))
 		h, err := holder.Acquire(ctx, name)

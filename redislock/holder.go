@@ -20,6 +20,7 @@ type Holder struct {
 	id    string // random, unique per acquisition: what Release and Extend compare (see newID)
 	ls    lease
 	token uint64
+	seq   uint64 // the number of the request that took the lock (see Factory.seq)
 	opts  *lock.Options
 	ctx   context.Context // the Acquire context without its cancellation, for reports
 	start time.Time
@@ -37,7 +38,7 @@ type Holder struct {
 // newHolder returns the holder of a's acquire, which Redis confirmed with r.
 func (f *Factory) newHolder(a *attempt, r reply) *Holder {
 	h := &Holder{
-		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls, token: r.token, opts: a.o,
+		f: f, name: a.name, k: a.k, id: a.id, ls: a.ls.held(), token: r.token, seq: a.seq, opts: a.o,
 		ctx: context.WithoutCancel(a.ctx), start: r.sent, state: backend.NewState(), tracking: tracking{auto: a.renew},
 	}
 	h.left.Store(true)
@@ -54,8 +55,19 @@ func (h *Holder) releaseContext() (context.Context, context.CancelFunc) {
 // runRelease runs the release script: 1 if it removed this holder's lock
 // or permit, 0 if it was no longer there.
 func (h *Holder) runRelease(ctx context.Context) *redis.Cmd {
-	sc, keys, args := h.f.releaseCall(h.k, h.id, h.ls)
+	sc, keys, args := h.releaseCall()
 	return sc.Run(ctx, h.f.c, keys, args...)
+}
+
+// releaseCall is h's release script, keys and arguments. The seen mark its
+// acquire raised lives two TTLs: after a hold of more than half a TTL the
+// release raises it again, so that it outlives the release by a TTL.
+func (h *Holder) releaseCall() (*redis.Script, []string, []any) {
+	var seq uint64
+	if time.Since(h.start) > h.ls.ttl/2 {
+		seq = h.seq
+	}
+	return h.f.releaseCall(h.k, h.id, h.ls, seq, "")
 }
 
 // confirmLocked records that the server accepted an acquire or extend sent
@@ -86,19 +98,13 @@ func (h *Holder) Name() string { return h.name }
 
 // Key is the Redis key that holds the lock, for operators and for scripts
 // of your own (its hash tag is the name's). For a mutex it is a string
-// whose value begins with the holder's random id (the queue of waiters
-// follows it, a line each); for a semaphore permit
-// (WithMaxConcurrent above 1) it is the sorted set of the name's permit ids,
-// scored by expiry, in which this holder is one member, so it stays while
-// other permits are held; a shared holder (WithShared) is a member of the
-// same set, of the name's readers. Neither is ever the key of another
+// whose value begins with the holder's random id; for a semaphore permit
+// (WithMaxConcurrent above 1) it is the sorted set of the name's permit
+// ids, scored by expiry, in which this holder is one member, so it stays
+// while other permits are held; a shared holder (WithShared) is a member
+// of the same set, of the name's readers. It is never the key of another
 // name.
-func (h *Holder) Key() string {
-	if !h.ls.permit() {
-		return h.k.lock
-	}
-	return h.k.slots
-}
+func (h *Holder) Key() string { return h.k.lock }
 
 // Release gives the lock up, if it is still this holder's: a lock that was
 // lost is never freed for its successor. It is idempotent, runs on its own

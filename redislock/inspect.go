@@ -25,49 +25,41 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 		return lock.Info{}, err
 	}
 	k := keysFor(o.KeyPrefix, name)
-	res, err := inspectScript.Run(ctx, f.c, k.list()).Slice()
+	res, err := inspectScript.Run(ctx, f.c, k.inspected()).Slice()
 	if err != nil {
 		return lock.Info{Name: name}, fmt.Errorf("redislock: inspect: %w", err)
 	}
 	return parseInspect(name, res, time.Now()), nil
 }
 
-// mutexReply reports whether an inspect reply is a mutex's holder (read
-// from the lock key), not permits or readers (read from slots).
-func mutexReply(res []any) bool {
-	lim, _ := toInt(res[0])
-	return lim == 1 && len(res) == 3
-}
+// inspected is the keys lua/inspect.lua reads.
+func (k keys) inspected() []string { return []string{k.lock, k.permits, k.queue} }
 
 // parseInspect reads the inspect script's reply.
 func parseInspect(name string, res []any, now time.Time) lock.Info {
 	info := lock.Info{Name: name}
-	if len(res) == 0 {
+	if len(res) < 2 {
 		return info
 	}
-	lim, _ := toInt(res[0])
-	info.Limit = int(lim)
-	if mutexReply(res) {
+	if kind, _ := res[0].(string); kind == "m" && len(res) == 4 {
+		// A mutex: "id:token:since:meta", then its flags (see
+		// lua/mutex_acquire.lua); the queue's length.
+		info.Limit = 1
 		v, _ := res[1].(string)
 		ms, _ := toInt(res[2])
-		// The waiters queued for the mutex follow the holder, one line
-		// each (see lua/mutex_acquire.lua).
-		v, queue, _ := strings.Cut(v, "\n")
-		if queue != "" {
-			info.Waiting = strings.Count(queue, "\n") + 1
-		}
+		n, _ := toInt(res[3])
+		info.Waiting = int(n)
+		v, _, _ = strings.Cut(v, "\n")
 		parts := strings.SplitN(v, ":", 4)
 		if len(parts) == 4 {
 			info.Holders = append(info.Holders, holderInfo(parts[1], parts[2], parts[3], ms, now))
 		}
 		return info
 	}
-	if (len(res)-1)%3 == 1 {
-		// A writer waits for the readers: the placeholder's queue.
-		v, _ := res[len(res)-1].(string)
-		info.Waiting = strings.Count(v, "\n")
-	}
-	for i := 1; i+2 < len(res); i += 3 {
+	lim, _ := toInt(res[0])
+	n, _ := toInt(res[1])
+	info.Limit, info.Waiting = int(lim), int(n)
+	for i := 2; i+2 < len(res); i += 3 {
 		v, _ := res[i+1].(string)
 		ms, _ := toInt(res[i+2])
 		parts := strings.SplitN(v, ":", 3)
@@ -81,8 +73,8 @@ func parseInspect(name string, res []any, now time.Time) lock.Info {
 
 // List yields the held names under the factory's key prefix that start
 // with prefix, with their holders as Inspect reports them. It SCANs for
-// the names' lock keys (<key prefix>{<escaped name>}:lock, and :slots for
-// a semaphore), lock.ListPageSize at a time, on every master of a
+// the names' lock keys (<key prefix>{<escaped name>}:lock, whatever holds
+// the name), lock.ListPageSize at a time, on every master of a
 // cluster or shard of a ring, and reads each page's holders in one
 // pipeline. The order is SCAN's, not sorted, and SCAN may return a key
 // twice while Redis resizes its table, so a name may, rarely, be listed
@@ -135,10 +127,7 @@ func (f *Factory) List(ctx context.Context, prefix string) iter.Seq2[lock.Info, 
 
 // listPage inspects the names whose lock keys are among page.
 func (f *Factory) listPage(ctx context.Context, kp, prefix string, page []string) ([]lock.Info, error) {
-	type found struct {
-		name, esc string
-		sem       bool
-	}
+	type found struct{ name, esc string }
 	var names []found
 	for _, key := range page {
 		rest, ok := strings.CutPrefix(key, kp+"{")
@@ -146,19 +135,19 @@ func (f *Factory) listPage(ctx context.Context, kp, prefix string, page []string
 			continue
 		}
 		esc, kind, ok := strings.Cut(rest, "}:")
-		if !ok || kind != "lock" && kind != "slots" {
+		if !ok || kind != "lock" {
 			continue
 		}
 		name, ok := backend.ListedName(esc, prefix)
 		if ok {
-			names = append(names, found{name, esc, kind == "slots"})
+			names = append(names, found{name, esc})
 		}
 	}
 	if len(names) == 0 {
 		return nil, nil
 	}
 	cmds := pipeScripts(ctx, f.c, len(names), func(i int) (*redis.Script, []string, []any) {
-		return inspectScript, keysOfEscaped(kp, names[i].esc).list(), nil
+		return inspectScript, keysOfEscaped(kp, names[i].esc).inspected(), nil
 	})
 	now := time.Now()
 	var infos []lock.Info
@@ -168,10 +157,7 @@ func (f *Factory) listPage(ctx context.Context, kp, prefix string, page []string
 			return nil, fmt.Errorf("redislock: list: %w", err)
 		}
 		info := parseInspect(names[i].name, res, now)
-		// A name with both keys (a mutex over a semaphore's stale slots,
-		// readers and a writer's placeholder) is listed once, from the
-		// key the inspect script read.
-		if len(info.Holders) == 0 || names[i].sem == mutexReply(res) {
+		if len(info.Holders) == 0 {
 			continue
 		}
 		infos = append(infos, info)

@@ -13,7 +13,7 @@ import (
 // The keys of a name share its hash tag.
 func TestKeysFor(t *testing.T) {
 	k := keysFor("p:", "a/b")
-	want := keys{lock: "p:{a%2Fb}:lock", token: "p:{a%2Fb}:token", slots: "p:{a%2Fb}:slots", permits: "p:{a%2Fb}:permits", channel: "p:{a%2Fb}:released", tomb: "p:{a%2Fb}:tomb:", rwait: "p:{a%2Fb}:rwait"}
+	want := keys{lock: "p:{a%2Fb}:lock", token: "p:{a%2Fb}:token", permits: "p:{a%2Fb}:permits", queue: "p:{a%2Fb}:queue", channel: "p:{a%2Fb}:released"}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)
 	}

@@ -55,8 +55,9 @@ func WithTTL(d time.Duration) Option { return lock.WithTTL(d) }
 
 // WithKeyPrefix puts every key and channel under prefix, used verbatim
 // (default DefaultKeyPrefix; an empty prefix means the default).
-// A name's keys are <prefix>{<escaped name>}:lock, :token, :slots,
-// :permits, and its channel <prefix>{<escaped name>}:released. A prefix
+// A name's keys are <prefix>{<escaped name>}:lock, :token, :permits,
+// :queue and :took:<id>, and its channel <prefix>{<escaped name>}:released
+// (the guide lists them). A prefix
 // with a hash tag of its own ("{app}:") puts every lock in that tag's
 // cluster slot; one whose first '{' is followed by '}' is refused.
 func WithKeyPrefix(prefix string) Option { return lock.WithKeyPrefix(prefix) }

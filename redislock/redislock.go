@@ -74,6 +74,11 @@ type Factory struct {
 	c     Client
 	cfg   backend.Config
 	owner string // pid@host, the default for WithOwner
+	meta  string // metaOf the factory's options
+	id    string // random: names the factory's channel and seen marks
+	// seq numbers the acquire requests the factory sends (see the
+	// scripts' doc in scripts.go).
+	seq atomic.Uint64
 	// together: every key seems to live on one server (a *redis.Client,
 	// not a cluster or a ring client), so one script may renew many names.
 	// Cleared if the server says otherwise (a plain client on a cluster).
@@ -92,7 +97,7 @@ type Factory struct {
 // every call. A nil client or an invalid option is reported by the first
 // Acquire.
 func NewFactory(client Client, opts ...Option) *Factory {
-	f := &Factory{c: client, cfg: backend.NewConfig(backendName, opts, checkOptions), closing: make(chan struct{}), owner: defaultOwner()}
+	f := &Factory{c: client, cfg: backend.NewConfig(backendName, opts, checkOptions), closing: make(chan struct{}), owner: defaultOwner(), id: semID(newID())}
 	if isNil(client) {
 		f.cfg.Fail(fmt.Errorf("%w: nil Redis client", lock.ErrInvalidOption))
 	}
@@ -103,9 +108,10 @@ func NewFactory(client Client, opts ...Option) *Factory {
 			f.cfg.Fail(fmt.Errorf("%w: WithReplicaAck needs a *redis.Client or *redis.ClusterClient, not %T", lock.ErrInvalidOption, client))
 		}
 	}
+	f.meta = f.metaOf(&f.cfg.Options)
 	f.rn.f = f
 	f.hub.f = f
-	f.hub.own = cmp.Or(f.cfg.Options.KeyPrefix, DefaultKeyPrefix) + "wake:" + semID(newID())
+	f.hub.own = cmp.Or(f.cfg.Options.KeyPrefix, DefaultKeyPrefix) + "wake:" + f.id
 	_, together := client.(*redis.Client)
 	f.together.Store(together)
 	return f
@@ -140,8 +146,13 @@ func defaultOwner() string {
 func (f *Factory) Acquire(ctx context.Context, name string, opts ...Option) (*Holder, error) {
 	start := time.Now()
 	o, err := f.resolve(name, opts)
-	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, &o, err, func(ctx context.Context) (*Holder, time.Duration, error) {
-		return f.take(ctx, name, &o, !o.NoAutoRenew)
+	po := &o
+	if len(opts) == 0 && err == nil {
+		// The factory's own options: its holders need not keep a copy.
+		po = &f.cfg.Options
+	}
+	return backend.Take(ctx, backend.Call{Backend: backendName, Name: name, Locked: ErrLocked, Start: start, Probe: f.probe}, po, err, func(ctx context.Context) (*Holder, time.Duration, error) {
+		return f.take(ctx, name, po, !po.NoAutoRenew)
 	})
 }
 
@@ -238,7 +249,6 @@ func (f *Factory) Close() error {
 // releaseMany runs the release script for every holder in one pipeline.
 func (f *Factory) releaseMany(ctx context.Context, hs []*Holder) {
 	pipeScripts(ctx, f.c, len(hs), func(i int) (*redis.Script, []string, []any) {
-		h := hs[i]
-		return f.releaseCall(h.k, h.id, h.ls)
+		return hs[i].releaseCall()
 	})
 }

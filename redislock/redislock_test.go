@@ -129,8 +129,8 @@ func TestKeysExpireAndShareHashTag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 5 { // lock, token; and slots, permits, token of the semaphore
-		t.Fatalf("keys %v; want 5", keys)
+	if len(keys) != 7 { // lock, token, took marker; and lock, permits, token, took marker of the semaphore
+		t.Fatalf("keys %v; want 7", keys)
 	}
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
@@ -142,7 +142,7 @@ func TestKeysExpireAndShareHashTag(t *testing.T) {
 		}
 	}
 	slot := func(k string) string { return k[strings.IndexByte(k, '{') : strings.IndexByte(k, '}')+1] }
-	if slot(m.k.lock) != slot(m.k.token) || slot(m.k.lock) != slot(m.k.slots) || slot(m.k.lock) != slot(m.k.channel) {
+	if slot(m.k.lock) != slot(m.k.token) || slot(m.k.lock) != slot(m.k.queue) || slot(m.k.lock) != slot(m.k.channel) {
 		t.Errorf("keys of one name do not share a hash tag: %+v", m.k)
 	}
 	m.Release()
@@ -283,7 +283,7 @@ func TestAcquireRetriedAndFailed(t *testing.T) {
 	if r3, err := other.run(""); err != nil || r3.status != 0 || r3.retry <= 0 {
 		t.Fatalf("another id: %+v %v; want locked with the lease left", r3, err)
 	}
-	s, keys, args := f.releaseCall(k, a.id, a.ls)
+	s, keys, args := f.releaseCall(k, a.id, a.ls, 0, "")
 	if v, err := s.Run(ctx, rdb, keys, args...).Int(); v != 1 || err != nil {
 		t.Fatalf("release: %v %v", v, err)
 	}

@@ -147,7 +147,7 @@ func held(t *testing.T, rdb *redis.Client, h *Holder) bool {
 		}
 		return n == 1
 	}
-	_, err := rdb.ZScore(ctx0(), h.k.slots, semID(h.id)).Result()
+	_, err := rdb.ZScore(ctx0(), h.k.lock, semID(h.id)).Result()
 	if err != nil && err != redis.Nil {
 		t.Fatal(err)
 	}

@@ -238,24 +238,27 @@ type result struct {
 }
 
 // extendAll runs the extend script for every holder in one pipeline on c,
-// in batches of mutexes if batch is set.
+// in batches of mutexes of one TTL if batch is set.
 func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch bool) map[*Holder]result {
 	// A job is one script call: a batch of mutexes, or one holder.
 	var jobs [][]*Holder
 	var many []bool
-	var cur []*Holder
+	cur := map[time.Duration][]*Holder{}
 	for _, h := range hs {
 		if batch && !h.ls.permit() {
-			cur = append(cur, h)
-			if len(cur) == renewBatch {
-				jobs, many, cur = append(jobs, cur), append(many, true), nil
+			b := append(cur[h.ls.ttl], h)
+			if len(b) == renewBatch {
+				jobs, many, b = append(jobs, b), append(many, true), nil
 			}
+			cur[h.ls.ttl] = b
 			continue
 		}
 		jobs, many = append(jobs, []*Holder{h}), append(many, false)
 	}
-	if len(cur) > 0 {
-		jobs, many = append(jobs, cur), append(many, true)
+	for _, b := range cur {
+		if len(b) > 0 {
+			jobs, many = append(jobs, b), append(many, true)
+		}
 	}
 	cmds := pipeScriptsAcked(ctx, c, len(jobs), func(i int) (*redis.Script, []string, []any) {
 		job := jobs[i]
@@ -264,10 +267,11 @@ func (r *renewer) extendAll(ctx context.Context, c Client, hs []*Holder, batch b
 			return extendCall(h.k, h.id, h.ls)
 		}
 		keys := make([]string, len(job))
-		args := make([]any, 0, 2*len(job))
+		args := make([]any, 1, 1+len(job))
+		args[0] = job[0].ls.ttl.Milliseconds()
 		for j, h := range job {
 			keys[j] = h.k.lock
-			args = append(args, h.id, h.ls.ttl.Milliseconds())
+			args = append(args, h.id)
 		}
 		return mutexExtendN, keys, args
 	}, r.f.replicaAck())

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,31 +20,36 @@ import (
 // states its KEYS, ARGV and reply, and runs on its own, for example
 //
 //	redis-cli --eval lua/mutex_acquire.lua 'lock:{x}:lock' 'lock:{x}:token' \
-//	    'lock:{x}:slots' 'lock:{x}:permits' 'lock:{x}:tomb:0123' , '0123:' 30000 '{}' 86400000 ''
+//	    'lock:{x}:seen:f00d' 'lock:{x}:permits' , '0123:' 30000 1764000000000 '{}' 86400000 1
 //
-// The keys of a name (see keysFor): lock (string, a mutex holder), token
-// (counter), slots (zset of semaphore permit ids scored by expiry in server
-// milliseconds), permits (hash: permit id -> "token:since:meta", and
-// "#limit" -> the semaphore's limit), and for acquire and release the id's
-// tombstone (see keys.tombOf). A name held shared keeps its readers in
-// slots and permits like a semaphore's permits, with "#limit" 1, and a
-// writer waiting for them sets the lock to a placeholder,
-// "shared:token:since:", followed by the queue (lua/mutex_acquire.lua);
-// rwait marks that readers wait for the lock (lua/shared_acquire.lua).
+// The keys of a name (see keysFor): lock, token (counter), permits, queue,
+// and for acquire and release the factory's seen mark (see keys.of). The
+// lock is a string while a mutex holds the name: "id:token:since:meta",
+// then flags once somebody waits (lua/mutex_acquire.lua), the waiters
+// themselves in the queue, a list. While a semaphore or shared name is
+// held it is a sorted set of permit (or reader) ids scored by expiry in
+// server milliseconds, and permits a hash: permit id -> "token:since:meta",
+// "#limit" -> the limit (1 for readers), "#r" while readers wait behind
+// queued writers. So one key says which kind holds the name: a mutex's
+// SET NX fails on permits, and no acquire checks another kind's keys
+// unless the name is held.
 //
-// A holder is identified by a random id that is unique per acquisition. A
-// mutex holder's value is "id:token:since:meta", followed by the queue of
-// its waiters (see lua/mutex_acquire.lua); only the id is compared, so
-// a holder whose acquire reply was lost can still be cleaned up by its id.
-// The mutex scripts get the id with its ':' ("id:"), the prefix of the
-// value; the semaphore scripts get it without.
+// A holder is identified by a random id that is unique per acquisition;
+// only the id is compared, so a holder whose acquire reply was lost can
+// still be cleaned up by its id. The mutex scripts get the id with its
+// ':' ("id:"), the prefix of the value; the semaphore scripts get it
+// without.
 //
-// Release (also the cleanup of a failed attempt) writes the id's tombstone,
-// which lives for one TTL, and acquire refuses an id that has one: an
-// acquire request that reaches the server only after its attempt was given
-// up (delayed past the client's timeout, then cleaned up; or retried by the
-// client on another connection, held, and released) would otherwise take
-// the name for an id nobody holds, for a whole TTL.
+// Each factory numbers the requests it sends (Factory.seq), and a name
+// keeps, per factory that took it lately, the number of the last request
+// of that factory that took it (its seen mark, two TTLs after the take):
+// a request of the factory whose number is not above it takes nothing. A
+// release raises it again, for a TTL, after a hold of more than half a
+// TTL, and so do the cleanup of a failed attempt and a waiter that gives
+// up. An acquire request that reaches the server only after its attempt
+// was given up (delayed past the client's timeout, then cleaned up; or
+// retried by the client on another connection, held, and released) would
+// otherwise take the name for an id nobody holds, for a whole TTL.
 //
 // Numbers: Lua numbers are doubles and redis.call turns them into strings
 // with 14 significant digits, so every number written to Redis is formatted
@@ -59,6 +65,8 @@ var (
 	mutexExtendManySrc string
 	//go:embed lua/shared_acquire.lua
 	sharedAcquireSrc string
+	//go:embed lua/shared_release.lua
+	sharedReleaseSrc string
 	//go:embed lua/sem_acquire.lua
 	semAcquireSrc string
 	//go:embed lua/sem_release.lua
@@ -77,6 +85,7 @@ var (
 	mutexExtend   = redis.NewScript(mutexExtendSrc)
 	mutexExtendN  = redis.NewScript(mutexExtendManySrc)
 	sharedAcquire = redis.NewScript(sharedAcquireSrc)
+	sharedRelease = redis.NewScript(sharedReleaseSrc)
 	semAcquire    = redis.NewScript(semAcquireSrc)
 	semRelease    = redis.NewScript(semReleaseSrc)
 	semExtend     = redis.NewScript(semExtendSrc)
@@ -85,11 +94,10 @@ var (
 )
 
 // keys are the Redis keys and channel of one name, all tagged with
-// {<escaped name>} so that they share a cluster slot. tomb is the prefix
-// of its tombstone keys, one per given-up id (see tombOf); rwait marks
-// that readers wait for the name (see lua/shared_acquire.lua).
+// {<escaped name>} so that they share a cluster slot. queue is a mutex's
+// waiters (see lua/mutex_acquire.lua), seen a factory's mark (see of).
 type keys struct {
-	lock, token, slots, permits, channel, tomb, rwait string
+	lock, token, permits, queue, channel, seen string
 }
 
 func keysFor(prefix, name string) keys {
@@ -107,40 +115,59 @@ func keysOfEscaped(prefix, esc string) keys {
 // keysOfBase is keysFor for the common start of a name's keys,
 // "<prefix>{<escaped name>}:" (a grant names the lock key).
 func keysOfBase(base string) keys {
-	return keys{
-		lock: base + "lock", token: base + "token", slots: base + "slots",
-		permits: base + "permits", channel: base + "released", tomb: base + "tomb:",
-		rwait: base + "rwait",
+	// One allocation for the five: each is a slice of it.
+	all := base + "lock" + base + "token" + base + "permits" + base + "queue" + base + "released"
+	next := func(suffix string) string {
+		k := all[:len(base)+len(suffix)]
+		all = all[len(k):]
+		return k
 	}
+	return keys{lock: next("lock"), token: next("token"), permits: next("permits"), queue: next("queue"), channel: next("released")}
 }
 
-// list is the keys every semaphore script takes.
-func (k keys) list() []string { return []string{k.lock, k.token, k.slots, k.permits} }
-
-// tombOf is the tombstone key of the acquisition with this id: written when
-// the id is released or its failed attempt cleaned up, it stops the id's
-// acquire script from taking the name if it runs only afterwards (a request
-// delayed on its way past the client's timeout, or a copy of one the client
-// retried).
-func (k keys) tombOf(id string) string { return k.tomb + semID(id) }
+// of returns k with the seen mark of the factory with this id: the number
+// of the last request of that factory that took the name (see the
+// scripts' doc above).
+func (k keys) of(factory string) keys {
+	k.seen = strings.TrimSuffix(k.lock, "lock") + "seen:" + factory
+	return k
+}
 
 // releaseCall is the script, keys and arguments that release the lock,
 // reader or permit with this id (a mutex, or a name its last reader
-// leaves, to its first waiter) and write its tombstone, for one TTL.
-func (f *Factory) releaseCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
-	tomb, ttl := k.tombOf(id), ls.ttl.Milliseconds()
-	if ls.limit == 1 {
-		heard := "0"
-		if f.together.Load() {
-			heard = "1"
-		}
-		mode := ""
-		if ls.shared {
-			id, mode = semID(id), "s"
-		}
-		return mutexRelease, []string{k.lock, tomb, k.token, k.slots, k.permits, k.rwait}, []any{id, ttl, heard, time.Now().UnixMilli(), tokenRetention.Milliseconds(), k.channel, mode}
+// leaves, to its first waiter). A seq above 0 raises k's seen mark to it,
+// for a TTL; entry is the caller's queue entry if it may have queued for a
+// mutex (see attempt.entry), which the script takes out.
+func (f *Factory) releaseCall(k keys, id string, ls lease, seq uint64, entry string) (*redis.Script, []string, []any) {
+	mark, ms := "", ls.ttl.Milliseconds()
+	if seq > 0 {
+		mark = strconv.FormatUint(seq, 10)
 	}
-	return semRelease, append(k.list(), tomb), []any{semID(id), k.channel, ttl}
+	switch {
+	case ls.limit > 1:
+		return semRelease, []string{k.lock, k.seen, k.permits}, []any{semID(id), k.channel, mark, ms}
+	case ls.shared:
+		return sharedRelease, []string{k.lock, k.seen, k.token, k.queue, k.permits}, []any{semID(id), time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds(), mark, ms}
+	}
+	keys := []string{k.lock, k.seen, k.token, k.queue}
+	args := []any{id, time.Now().UnixMilli(), f.heard(), tokenRetention.Milliseconds()}
+	switch {
+	case entry != "":
+		keys = append(keys, k.permits)
+		args = append(args, mark, ms, entry)
+	case seq > 0:
+		args = append(args, mark, ms)
+	}
+	return mutexRelease, keys, args
+}
+
+// heard is "1" if every subscriber of a channel is on the factory's one
+// server, so that a PUBLISH that reaches nobody means nobody listens.
+func (f *Factory) heard() string {
+	if f.together.Load() {
+		return "1"
+	}
+	return "0"
 }
 
 // extendCall is the script, keys and arguments that extend a holder of
@@ -149,7 +176,7 @@ func extendCall(k keys, id string, ls lease) (*redis.Script, []string, []any) {
 	if !ls.permit() {
 		return mutexExtend, []string{k.lock}, []any{id, ls.ttl.Milliseconds()}
 	}
-	return semExtend, k.list(), []any{semID(id), ls.ttl.Milliseconds()}
+	return semExtend, []string{k.lock, k.permits}, []any{semID(id), ls.ttl.Milliseconds()}
 }
 
 func toInt(v any) (int64, error) {

@@ -14,7 +14,7 @@ func TestScriptsLoad(t *testing.T) {
 	rdb := newClient(t)
 	ctx := ctxT(t)
 	used := map[string]bool{}
-	for _, s := range []*redis.Script{mutexAcquire, mutexRelease, mutexExtend, mutexExtendN, sharedAcquire, semAcquire, semRelease, semExtend, inspectScript, fenceScript, breakScript} {
+	for _, s := range []*redis.Script{mutexAcquire, mutexRelease, mutexExtend, mutexExtendN, sharedAcquire, sharedRelease, semAcquire, semRelease, semExtend, inspectScript, fenceScript, breakScript} {
 		used[s.Hash()] = false
 	}
 	files, err := filepath.Glob("lua/*.lua")

@@ -22,8 +22,7 @@ func waitJoined(t *testing.T, f *Factory, name string, n int) {
 
 // Inspect and List of a name held shared show its readers as holders (in
 // token order, limit 1) and a writer queued behind them as waiting; the
-// name is listed once, though both its lock key (the placeholder) and
-// its slots exist.
+// name is listed once.
 func TestInspectShared(t *testing.T) {
 	rdb := newClient(t)
 	f := testFactory(t, rdb, WithTTL(time.Minute))
@@ -37,8 +36,8 @@ func TestInspectShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r1.Key() != r2.Key() || r1.Key() != keysFor(testPrefix, name).slots {
-		t.Errorf("readers' keys %q, %q; want the slots key", r1.Key(), r2.Key())
+	if r1.Key() != r2.Key() || r1.Key() != keysFor(testPrefix, name).lock {
+		t.Errorf("readers' keys %q, %q; want the lock key", r1.Key(), r2.Key())
 	}
 	wf := testFactory(t, rdb)
 	got := make(chan error, 1)
@@ -79,8 +78,8 @@ func TestInspectShared(t *testing.T) {
 	}
 }
 
-// A writer that gives up waiting for readers takes its placeholder with
-// it: new readers get in at once, not when the placeholder expires.
+// A writer that gives up waiting for readers leaves the queue: new
+// readers get in at once, not when the queue expires.
 func TestSharedWriterGivesUp(t *testing.T) {
 	rdb := newClient(t)
 	f := testFactory(t, rdb, WithTTL(time.Minute))
@@ -106,8 +105,8 @@ func TestSharedWriterGivesUp(t *testing.T) {
 	if err := <-got; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled writer: %v", err)
 	}
-	if n, _ := rdb.Exists(ctx, keysFor(testPrefix, name).lock).Result(); n != 0 {
-		t.Fatal("the placeholder outlived the writer that gave up")
+	if n, _ := rdb.Exists(ctx, keysFor(testPrefix, name).queue).Result(); n != 0 {
+		t.Fatal("the queue outlived the writer that gave up")
 	}
 	r2, err := f.Acquire(ctx, name, WithShared())
 	if err != nil {

@@ -22,26 +22,25 @@ import (
 // never depends on a wake-up alone. What wakes it depends on what it
 // waits for:
 //
-//   - A mutex waiter joins the name's queue in Redis, kept in the lock's
-//     value (lua/mutex_acquire.lua), and a release grants the name to the
-//     first waiter in the same script: it sets the lock to the waiter's
-//     id, with a fresh lease and the next token, and publishes the grant
-//     on the waiter's factory channel (hub.own: one per factory, on its
-//     one pub/sub connection, while it has waiters and lingerTime after).
-//     One release wakes one waiter of one process, and nobody overtakes
-//     the queue. The waiter is in the hub before its first look, so no
-//     grant is missed, and joins the queue only once the server confirmed
-//     the subscription (hub.ready); that confirmation, and the one after a
-//     reconnect, make every mutex waiter of the factory look again: one
-//     granted the name while the connection was down finds it its own,
-//     one skipped (nobody listened) joins again. A grant only wakes the
-//     waiter: it takes the name by its next look, which finds its own id
-//     in the lock and renews the lease. A grant read late (the process was
-//     paused, the message slow) may have run out and the name passed on;
-//     only Redis can say, so a grant is never taken as the lock by itself.
-//     A grant for an id the factory neither waits for nor holds (a waiter
-//     that gave up, a copy of its attempt that queued late) is released at
-//     once, to the next waiter.
+//   - A mutex waiter joins the name's queue in Redis, a list of its own that
+//     the lock's value flags (lua/mutex_acquire.lua), and a release grants the
+//     name to the first waiter in the same script: it sets the lock to the
+//     waiter's id, with a fresh lease and the next token, and publishes the
+//     grant on the waiter's factory channel (hub.own: one per factory, on its
+//     one pub/sub connection, while it has waiters and lingerTime after). One
+//     release wakes one waiter of one process, and nobody overtakes the queue.
+//     The waiter is in the hub before its first look, so no grant is missed,
+//     and joins the queue only once the server confirmed the subscription
+//     (hub.ready); that confirmation, and the one after a reconnect, make
+//     every mutex waiter of the factory look again: one granted the name while
+//     the connection was down finds it its own, one skipped (nobody listened)
+//     joins again. A grant only wakes the waiter: it takes the name by its
+//     next look, which finds its own id in the lock and renews the lease. A
+//     grant read late (the process was paused, the message slow) may have run
+//     out and the name passed on; only Redis can say, so a grant is never
+//     taken as the lock by itself. A grant for an id the factory neither waits
+//     for nor holds (a waiter that gave up, a copy of its attempt that queued
+//     late) is released at once, to the next waiter.
 //   - A semaphore or shared waiter is woken by a release published on the
 //     name's channel, which the factory subscribes to while its callers
 //     wait for the name; it wakes the first of them (FIFO within the
@@ -132,11 +131,12 @@ func (a *attempt) leave() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), backend.Grace)
-	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls)
+	entry := a.entry()
+	s, keys, args := a.f.releaseCall(a.k, a.id, a.ls, a.seq, entry)
 	err := s.Run(ctx, a.f.c, keys, args...).Err()
 	cancel()
 	if err != nil {
-		a.f.abandon(a.ctx, a.k, a.id, a.ls)
+		a.f.abandon(a.ctx, a.k, a.id, a.ls, a.seq, entry)
 	}
 }
 
@@ -496,7 +496,9 @@ func (h *hub) granted(msg string) {
 	if !ok {
 		return
 	}
-	h.f.abandon(context.Background(), keysOfBase(base), id, lease{ttl: time.Duration(ttl) * time.Millisecond, limit: 1})
+	// The copy's number is not known: every request sent so far is
+	// older than the mark (another attempt's refused request looks again).
+	h.f.abandon(context.Background(), keysOfBase(base).of(h.f.id), id, lease{ttl: time.Duration(ttl) * time.Millisecond, limit: 1}, h.f.seq.Load(), "")
 }
 
 // notify wakes the first waiter of ch.

@@ -1,18 +1,18 @@
 -- Frees a name whoever holds it (an operator's Break), keeping the token
 -- counter, and raises the fence record of the key equal to the name to one
 -- above the highest token it frees.
--- KEYS: lock, slots, permits, <prefix>fence/{<esc>}.
--- ARGV: channel.
+-- KEYS: lock, permits, <prefix>fence/{<esc>}, queue.
+-- ARGV: channel, ms to keep a mark that readers wait (see below).
 -- Reply: {} nothing held | {'m', "<id>:"} a mutex: the fence is raised and
 -- the caller releases it by the holder's id (mutex_release.lua, which
 -- hands it to the first waiter of its queue) | {'s'} every live permit of
 -- the semaphore deleted and its waiters woken, as sem_release.lua does |
 -- {'d'} a mutex value not in redislock's form (an operator's SET) deleted.
--- A shared name's readers are freed as a semaphore's permits are; if a
--- writer waits for them (the lock is the placeholder "shared:..."), the
--- reply is {'w'} and the caller then hands the name to the writer by a
--- shared-mode release of nobody (mutex_release.lua), which finds no
--- reader left.
+-- A shared name's readers are freed as a semaphore's permits are; if
+-- writers queue behind them, the reply is {'w'} and the caller then hands
+-- the name to the first by a shared-mode release of nobody
+-- (shared_release.lua), which finds no reader left; the mark that readers
+-- wait behind the writers ('#r' in the permits) is kept for it.
 --
 -- Tokens are decimal strings, compared and incremented as such (see
 -- fence.lua: Lua numbers are exact only up to 2^53).
@@ -40,14 +40,13 @@ local function raise(toks)
     if below(top, toks[i]) then top = toks[i] end
   end
   local floor = succ(top)
-  local cur = redis.call('GET', KEYS[4])
-  if not cur or below(cur, floor) then redis.call('SET', KEYS[4], floor) end
+  local cur = redis.call('GET', KEYS[3])
+  if not cur or below(cur, floor) then redis.call('SET', KEYS[3], floor) end
 end
 
-local v = redis.call('GET', KEYS[1])
-local writer = v and string.sub(v, 1, 7) == 'shared:' -- readers, a writer waiting
-if writer then v = nil end
-if v then
+local v = redis.pcall('GET', KEYS[1])
+if not v then return {} end
+if type(v) == 'string' then
   local _, _, id, tok = string.find(v, '^(%x+:)(%d+):')
   if id then
     raise({tok})
@@ -59,15 +58,18 @@ if v then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ps = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now), '+inf')
+local ps = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', now), '+inf')
 if #ps == 0 then return {} end
 local toks = {}
 for i = 1, #ps do
-  local _, _, tok = string.find(redis.call('HGET', KEYS[3], ps[i]) or '', '^(%d+):')
+  local _, _, tok = string.find(redis.call('HGET', KEYS[2], ps[i]) or '', '^(%d+):')
   toks[i] = tok or '0'
 end
 raise(toks)
-redis.call('DEL', KEYS[2], KEYS[3])
+local writer = redis.call('HGET', KEYS[2], '#limit') == '1' and redis.call('EXISTS', KEYS[4]) == 1
+local r = redis.call('HGET', KEYS[2], '#r')
+redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], 'r')
-if writer then return {'w'} end
-return {'s'}
+if not writer then return {'s'} end
+if r then redis.call('HSET', KEYS[2], '#r', '1') redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return {'w'}

@@ -2,9 +2,10 @@
 -- holder's.
 -- KEYS: lock.
 -- ARGV: "<id>:", ttl ms.
--- Reply: 1 extended, 0 not ours.
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
+-- Reply: 1 extended, 0 not ours (also when the lock is now another
+-- kind's sorted set of permits).
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
