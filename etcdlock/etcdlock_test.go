@@ -81,6 +81,11 @@ func conformance(t *testing.T, cli, operator *clientv3.Client, ttl time.Duration
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
 			return factory(t, cli, append([]lock.Option{etcdlock.WithKeyPrefix(prefix)}, opts...)...)
 		},
+		Breaker: func(t testing.TB) locktest.Breaker { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		Fence:   func(testing.TB) lock.Fence { return etcdlock.NewFence(cli, etcdlock.WithKeyPrefix(prefix)) },
+		FIFO: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return factory(t, cli, etcdlock.WithKeyPrefix(prefix)).AsLocker(opts...)
+		},
 		Name: "etcdlock",
 	})
 }
@@ -172,62 +177,6 @@ func TestOperatorTakesLockAway(t *testing.T) {
 	}
 	if err := c.Release(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// Waiters are granted in the order they queued.
-func TestWaitIsFIFO(t *testing.T) {
-	cli := client(t)
-	prefix := testPrefix(t)
-	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-	ctx := ctxT(t, time.Minute)
-	h, err := f.Acquire(ctx, "q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 5
-	var mu sync.Mutex
-	var order []int
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		// Queue one at a time: each waiter's key is written before the next
-		// starts.
-		g := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-		queued := make(chan struct{})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w, err := g.Acquire(ctx, "q", etcdlock.WithWait())
-			if err != nil {
-				t.Error(err)
-				close(queued)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		}()
-		go func() {
-			for {
-				resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-				if err == nil && resp.Count >= int64(i+2) {
-					close(queued)
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-		<-queued
-	}
-	if err := h.Release(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	for i, got := range order {
-		if got != i {
-			t.Fatalf("grant order %v; want FIFO", order)
-		}
 	}
 }
 

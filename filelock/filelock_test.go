@@ -59,7 +59,11 @@ func TestConformance(t *testing.T) {
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
 			return newFactory(t, append([]lock.Option{filelock.WithDir(dir), filelock.WithLogger(nil)}, opts...)...)
 		},
-		Name: "filelock",
+		Breaker: func(t testing.TB) locktest.Breaker {
+			return newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+		},
+		Fence: func(testing.TB) lock.Fence { return filelock.NewFence(filelock.WithDir(dir)) },
+		Name:  "filelock",
 	})
 }
 

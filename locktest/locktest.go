@@ -98,6 +98,23 @@ type Backend struct {
 	// content and a torn one, as a host crash may, and checks that tokens
 	// still never go back.
 	TokenFile func(name string) string
+	// Breaker, if set, returns a Breaker of the store New uses; the Break
+	// tests then run, on every kind of lock the backend claims.
+	Breaker func(t testing.TB) Breaker
+	// Fence, if set, returns the backend's lock.Fence on the store New
+	// uses, under the same key prefix or directory: the fence whose record
+	// of the key equal to a name Break raises.
+	Fence func(t testing.TB) lock.Fence
+	// FIFO, if set, says the backend hands a mutex to its waiting Acquires
+	// in the order they began to wait, and returns the locker of one
+	// waiter, with opts: a client as another process would have one (New,
+	// where the order holds between New's lockers too). The FIFO test
+	// starts each waiter once Queued counts the one before it.
+	FIFO func(t testing.TB, opts ...lock.Option) lock.Locker
+	// Queued, if set, reports how many Acquires stand in the store's queue
+	// of name, the queue whose order FIFO promises: exactly, where Waiting
+	// may count more. Default Waiting.
+	Queued func(name string) int
 	// Name is the backend's name in lock.Event.Backend. If set, the
 	// Observer test runs, giving lock.WithObserver to New.
 	Name string
@@ -147,6 +164,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("WaitTimeout", s.waitTimeout)
 	t.Run("WithWaitTimeout", s.withWaitTimeout)
 	t.Run("WaitCancelMany", s.waitCancelMany)
+	t.Run("FIFO", s.fifo)
 	t.Run("Outage", s.outage)
 	t.Run("Semaphore", s.semaphore)
 	t.Run("SemaphoreExclusion", s.semaphoreExclusion)
@@ -162,6 +180,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("AcquireAllLostWaiting", s.acquireAllLostWaiting)
 	t.Run("AcquireAllNoDeadlock", s.acquireAllNoDeadlock)
 	t.Run("Shared", s.shared)
+	t.Run("Break", s.breakLock)
 	t.Run("Inspect", s.inspect)
 	t.Run("List", s.list)
 	t.Run("Observer", s.observer)
@@ -645,6 +664,61 @@ func (s *suite) wait(t *testing.T) {
 	}
 	if r.h.Token() <= h.Token() {
 		t.Fatalf("waiter's token %d not above the previous holder's %d", r.h.Token(), h.Token())
+	}
+}
+
+// fifo: waiters of a mutex, each a client of its own, get it in the order
+// they began to wait, one at a time, with rising tokens.
+func (s *suite) fifo(t *testing.T) {
+	if s.FIFO == nil {
+		t.Skip("backend does not claim FIFO waiting")
+	}
+	queued := s.Queued
+	if queued == nil {
+		queued = s.Waiting
+	}
+	if queued == nil {
+		t.Fatal("locktest: Backend.FIFO needs Queued or Waiting")
+	}
+	name := s.name(t, "x")
+	ctx := ctxT(t)
+	h := s.mustAcquire(t, s.New(t), name)
+	type turn struct {
+		i   int
+		h   lock.Holder
+		err error
+	}
+	const n = 5
+	turns := make(chan turn, n)
+	for i := range n {
+		l := s.FIFO(t, lock.WithWait())
+		go func() {
+			h, err := l.Acquire(ctx, name)
+			turns <- turn{i, h, err}
+		}()
+		waitCounted(t, queued, name, i+1)
+	}
+	s.mustRelease(t, h)
+	last := h.Token()
+	for want := range n {
+		var r turn
+		select {
+		case r = <-turns:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("waiter %d: no lock within 30s of its turn", want)
+		}
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", r.i, r.err)
+		}
+		if r.i != want {
+			r.h.Release()
+			t.Fatalf("waiter %d got the lock in turn %d; want the waiters in the order they began to wait", r.i, want)
+		}
+		if r.h.Token() <= last {
+			t.Errorf("waiter %d: token %d not above the previous holder's %d", r.i, r.h.Token(), last)
+		}
+		last = r.h.Token()
+		s.mustRelease(t, r.h)
 	}
 }
 

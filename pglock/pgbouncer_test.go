@@ -146,7 +146,7 @@ func TestPgBouncerTransactionModeRefusedConcurrently(t *testing.T) {
 // disconnects, which is all session locks need: the conformance suite
 // passes through it.
 func TestPgBouncerSessionModeConformance(t *testing.T) {
-	runConformance(t, bouncerPool(t, "session"), newPool(t))
+	runConformance(t, bouncerPool(t, "session"), newPool(t), true)
 }
 
 // Through session pooling, a factory's Close frees its locks on the server:

@@ -108,45 +108,6 @@ func TestWaitStatementsPerAcquisition(t *testing.T) {
 	}
 }
 
-// Waiters of different factories get the lock in the order they began to
-// wait: Postgres queues them on the key and grants the longest waiting.
-func TestWaitFIFOAcrossFactories(t *testing.T) {
-	pool := newPool(t)
-	name := uniq(t)
-	h, err := newFactory(t, pool).Acquire(ctxT(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 6
-	var (
-		mu    sync.Mutex
-		order []int
-		wg    sync.WaitGroup
-	)
-	for i := range n {
-		f := newFactory(t, newPool(t), pglock.WithPollInterval(time.Hour))
-		wg.Go(func() {
-			w, err := f.Acquire(ctxT(t), name, pglock.WithWait())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		})
-		eventually(t, 20*time.Second, fmt.Sprintf("waiter %d waiting", i), func() bool { return waiters(t, pool, name) == i+1 })
-	}
-	h.Release()
-	wg.Wait()
-	for i, got := range order {
-		if got != i {
-			t.Fatalf("waiters got the lock in the order %v; want the order they came in", order)
-		}
-	}
-}
-
 // A waiting process killed with SIGKILL while blocked leaves the queue with
 // its connection: the next waiter gets the lock at the release, and once
 // every holder released nothing of the name is left in pg_locks.
