@@ -301,7 +301,7 @@ func TestWaiterKeyDeleted(t *testing.T) {
 		got <- w
 	}()
 	var waiterKey string
-	for waiterKey == "" {
+	testenv.Eventually(t, 30*time.Second, "the waiter's key", func() bool {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
 			t.Fatal(err)
@@ -311,22 +311,18 @@ func TestWaiterKeyDeleted(t *testing.T) {
 				waiterKey = string(kv.Key)
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return waiterKey != ""
+	})
 	if _, err := cli.Delete(ctx, waiterKey); err != nil {
 		t.Fatal(err)
 	}
-	// The waiter puts itself back in the queue.
-	for {
+	testenv.Eventually(t, 30*time.Second, "the waiter back in the queue", func() bool {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.Count == 2 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return resp.Count == 2
+	})
 	select {
 	case <-got:
 		t.Fatal("the waiter acquired while the lock was held")
@@ -367,13 +363,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testenv.Poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
 	}
 }
 
@@ -476,12 +468,12 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			left := keys
-			for left > 0 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
+			testenv.Poll(time.Until(deadline), func() bool {
 				if left, err = count(); err != nil {
 					t.Fatal(err)
 				}
-			}
+				return left == 0
+			})
 			t.Logf("%d contenders, %v: %d acquired, %d ErrLocked, %d other errors; at most %d keys at once, %d when the last caller returned, %d after %v",
 				c.n, storm, acquired.Load(), locked.Load(), other.Load(), most, keys, left, time.Since(returned).Round(time.Millisecond))
 			if most > int64(c.n) {
@@ -491,16 +483,15 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 				t.Fatalf("%d keys left under the name 10s after the last caller returned", left)
 			}
 			fresh := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-			for {
-				h, err := fresh.Acquire(ctx, "storm")
-				if err == nil {
+			testenv.Poll(time.Until(deadline), func() bool {
+				var h *etcdlock.Holder
+				if h, err = fresh.Acquire(ctx, "storm"); err == nil {
 					h.Release()
-					break
 				}
-				if !errors.Is(err, etcdlock.ErrLocked) || time.Now().After(deadline) {
-					t.Fatalf("a fresh factory's Acquire %v after the last caller returned = %v", time.Since(returned), err)
-				}
-				time.Sleep(10 * time.Millisecond)
+				return !errors.Is(err, etcdlock.ErrLocked)
+			})
+			if err != nil {
+				t.Fatalf("a fresh factory's Acquire %v after the last caller returned = %v", time.Since(returned), err)
 			}
 		})
 	}
@@ -532,14 +523,10 @@ func TestListPages(t *testing.T) {
 		}
 		waited <- err
 	}()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if info, err := f.Inspect(ctx, "p/0000"); err != nil || info.Waiting == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never showed in Inspect's Waiting")
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, "the waiter in Inspect's Waiting", func() bool {
+		info, err := f.Inspect(ctx, "p/0000")
+		return err != nil || info.Waiting == 1
+	})
 	var got []string
 	for info, err := range f.List(ctx, "p/") {
 		if err != nil {

@@ -121,17 +121,15 @@ func (s *etcdServer) launch() {
 // cluster does so only once a quorum of them runs.
 func (s *etcdServer) ready() {
 	s.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		cli, err := dial(s.t, s.endpoints())
-		if err == nil {
+	var err error
+	if !testenv.Poll(30*time.Second, func() bool {
+		var cli *clientv3.Client
+		if cli, err = dial(s.t, s.endpoints()); err == nil {
 			cli.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("private etcd did not come up: %v (log in %s)", err, s.dir)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err == nil
+	}) {
+		s.t.Fatalf("private etcd did not come up: %v (log in %s)", err, s.dir)
 	}
 }
 

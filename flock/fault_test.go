@@ -72,10 +72,9 @@ func childWait() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	go func() {
-		for flock.Waiting(os.Getenv("FLOCK_DIR"), os.Getenv("FLOCK_NAME")) == 0 {
-			time.Sleep(time.Millisecond)
+		if testenv.Poll(time.Minute, func() bool { return flock.Waiting(os.Getenv("FLOCK_DIR"), os.Getenv("FLOCK_NAME")) > 0 }) {
+			fmt.Println("waiting")
 		}
-		fmt.Println("waiting")
 	}()
 	h, err := l.Acquire(ctx, flock.WithWait())
 	if err != nil {

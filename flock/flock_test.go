@@ -510,14 +510,9 @@ func TestNoDescriptorLeaks(t *testing.T) {
 		f.WithLock(ctx, "w", func(context.Context) error { return nil })
 	}
 	settle := func(want int) int {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			n := openFDs(t)
-			if n <= want || time.Now().After(deadline) {
-				return n
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		n := 0
+		testenv.Poll(10*time.Second, func() bool { n = openFDs(t); return n <= want })
+		return n
 	}
 	cycle()
 	time.Sleep(1500 * time.Millisecond) // the inotify watch lingers a second

@@ -619,12 +619,8 @@ func waitCounted(t testing.TB, waiting func(string) int, name string, n int) {
 		time.Sleep(50 * time.Millisecond)
 		return
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for waiting(name) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d Acquires waiting on %q after 30s, want %d", waiting(name), name, n)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if !testenv.Poll(30*time.Second, func() bool { return waiting(name) >= n }) {
+		t.Fatalf("%d Acquires waiting on %q after 30s, want %d", waiting(name), name, n)
 	}
 }
 
@@ -1066,17 +1062,23 @@ func (s *suite) loss(t *testing.T) {
 // for up to bound.
 func (s *suite) acquireWithin(t testing.TB, name string, bound time.Duration) lock.Holder {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for {
-		h, err := s.New(t).Acquire(ctxT(t), name)
-		if err == nil {
-			return h
-		}
-		if !errors.Is(err, lock.ErrLocked) || time.Now().After(deadline) {
-			t.Fatalf("name not free %v after its lock was lost: %v", bound, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	return takeWithin(t, func() lock.Locker { return s.New(t) }, name, bound)
+}
+
+// takeWithin acquires name with a locker from newLocker, retrying on
+// contention for up to bound.
+func takeWithin(t testing.TB, newLocker func() lock.Locker, name string, bound time.Duration) lock.Holder {
+	t.Helper()
+	var h lock.Holder
+	var err error
+	free := testenv.Poll(bound, func() bool {
+		h, err = newLocker().Acquire(ctxT(t), name)
+		return !errors.Is(err, lock.ErrLocked)
+	})
+	if !free || err != nil {
+		t.Fatalf("name not free %v after its lock was lost or ended: %v", bound, err)
 	}
+	return h
 }
 
 // backendSpy returns a locker that records the holder it hands out.
@@ -1246,14 +1248,14 @@ func (r *recorder) Observe(_ context.Context, e lock.Event) {
 
 // wait returns the events once there are n, or what there is after d.
 func (r *recorder) wait(n int, d time.Duration) []lock.Event {
-	for deadline := time.Now().Add(d); ; time.Sleep(time.Millisecond) {
+	var got []lock.Event
+	testenv.Poll(d, func() bool {
 		r.mu.Lock()
-		got := append([]lock.Event(nil), r.events...)
+		got = append([]lock.Event(nil), r.events...)
 		r.mu.Unlock()
-		if len(got) >= n || time.Now().After(deadline) {
-			return got
-		}
-	}
+		return len(got) >= n
+	})
+	return got
 }
 
 // observer: each Acquire (taken or refused), Extend, Release and loss
@@ -1412,13 +1414,9 @@ func (s *suite) leaks(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		cycle()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines after release, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testenv.Poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after release, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
 	}
 }
 

@@ -3,11 +3,11 @@ package memlock_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"github.com/ubgo/lock/memlock"
 )
@@ -124,9 +124,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			got <- w
 		}()
-		for f.Waiting("pp") == 0 {
-			runtime.Gosched()
-		}
+		testenv.Eventually(b, 10*time.Second, "the waiter queued", func() bool { return f.Waiting("pp") > 0 })
 		start := time.Now()
 		h.Release()
 		h = <-got

@@ -140,7 +140,7 @@ func TestSIGKILLWhileWaiting(t *testing.T) {
 	for sc.Scan() && !strings.HasPrefix(sc.Text(), "WAITING") {
 	}
 	go io.Copy(io.Discard, out)
-	eventually(t, 20*time.Second, "child waiting", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "child waiting", func() bool { return waiters(t, pool, name) == 1 })
 	// A waiter behind the child, in this process.
 	got := make(chan error, 1)
 	go func() {
@@ -150,12 +150,12 @@ func TestSIGKILLWhileWaiting(t *testing.T) {
 		}
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "second waiter waiting", func() bool { return waiters(t, pool, name) == 2 })
+	testenv.Eventually(t, 20*time.Second, "second waiter waiting", func() bool { return waiters(t, pool, name) == 2 })
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	cmd.Wait()
-	eventually(t, 20*time.Second, "the killed waiter gone from the queue", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "the killed waiter gone from the queue", func() bool { return waiters(t, pool, name) == 1 })
 	h.Release()
 	select {
 	case err := <-got:
@@ -165,7 +165,7 @@ func TestSIGKILLWhileWaiting(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the waiter behind a killed one did not get the lock at the release")
 	}
-	eventually(t, 20*time.Second, "no advisory lock of the name", func() bool { return advisoryOf(t, pool, name) == 0 })
+	testenv.Eventually(t, 20*time.Second, "no advisory lock of the name", func() bool { return advisoryOf(t, pool, name) == 0 })
 }
 
 // A blocked waiter whose context ends returns with a wait error and
@@ -187,7 +187,7 @@ func TestWaitCancelledLeavesNothing(t *testing.T) {
 		_, err := waiter.Acquire(ctx, name, pglock.WithWait())
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
 	cancel()
 	if err := <-got; !errors.Is(err, pglock.ErrLocked) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait = %v; want a wait error matching ErrLocked and context.Canceled", err)
@@ -216,7 +216,7 @@ func TestWaitCancelledLeavesNothing(t *testing.T) {
 			}
 			got <- err
 		}()
-		eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
+		testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
 		go cancel()
 		h.Release()
 		if err := <-got; err != nil && !errors.Is(err, context.Canceled) {
@@ -246,7 +246,7 @@ func TestCloseWhileBlocked(t *testing.T) {
 		_, err := f.Acquire(ctxT(t), name, pglock.WithWait())
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
 	f.Close()
 	select {
 	case err := <-got:
@@ -256,7 +256,7 @@ func TestCloseWhileBlocked(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Close did not end the blocked wait")
 	}
-	eventually(t, 20*time.Second, "the closed factory gone from the queue", func() bool { return waiters(t, pool, name) == 0 })
+	testenv.Eventually(t, 20*time.Second, "the closed factory gone from the queue", func() bool { return waiters(t, pool, name) == 0 })
 	h.Release()
 	if n := advisoryOf(t, pool, name); n != 0 {
 		t.Fatalf("%d advisory locks of the name left after the release", n)

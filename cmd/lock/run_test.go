@@ -309,13 +309,7 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for inspectJSON(t, url, name).Waiting != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter is not counted within a minute")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the waiter counted", func() bool { return inspectJSON(t, url, name).Waiting == 1 })
 	waiter.Process.Signal(syscall.SIGTERM)
 	r := wait(t, waiter, stdout, stderr, nil)
 	r.want(t, 128+int(syscall.SIGTERM), "waiter sent SIGTERM")
