@@ -258,9 +258,6 @@ func TestKeyNamesReused(t *testing.T) {
 
 // An idle lease is taken up again rather than granted anew.
 func TestIdleLeaseReused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for the idle linger")
-	}
 	cli := client(t)
 	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)), etcdlock.WithTTL(30*time.Second))
 	ctx := ctxT(t, time.Minute)
@@ -269,7 +266,10 @@ func TestIdleLeaseReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Release()
-	time.Sleep(3 * time.Second) // renewal stops after 2s unused
+	if f.Renewing() != 1 {
+		t.Fatalf("%d leases renewed just after the release; want the idle one, lingering", f.Renewing())
+	}
+	testenv.Eventually(t, 30*time.Second, "the idle lease's renewal stopped", func() bool { return f.Renewing() == 0 })
 	h2, err := f.Acquire(ctx, "idle")
 	if err != nil {
 		t.Fatal(err)

@@ -515,7 +515,7 @@ func TestNoDescriptorLeaks(t *testing.T) {
 		return n
 	}
 	cycle()
-	time.Sleep(1500 * time.Millisecond) // the inotify watch lingers a second
+	testenv.Eventually(t, 10*time.Second, "the directory's watch retired", func() bool { return !flock.Watching(dir) })
 	base := openFDs(t)
 	for i := 0; i < 5; i++ {
 		cycle()
