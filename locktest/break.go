@@ -24,8 +24,8 @@ import (
 // holder of the name (a mutex's, a semaphore's permits, the readers of a
 // name held shared) but no waiter; the next holder's token is larger than
 // every freed one. A freed holder that is alive learns of it by itself,
-// within Backend.LossBound: Done closes and Err matches ErrLockLost and
-// lock.ErrRemoved. Break returns an error matching lock.ErrNotHeld when
+// within Backend.LossBound, or at once when it calls Extend: Done closes
+// and Err matches ErrLockLost and lock.ErrRemoved. Break returns an error matching lock.ErrNotHeld when
 // nothing holds name, and lock.ErrInvalidName for a bad name.
 type Breaker interface {
 	Break(ctx context.Context, name string) error
@@ -71,18 +71,25 @@ func (s *suite) fenced(t testing.TB, when, name string, ok, stale []lock.Holder)
 	}
 }
 
-// broken checks what a holder freed by Break sees: Done closes by itself
-// within LossBound (the backend's watch, renewal or read-back finds the
-// lock gone), Err says it was removed, and Extend and Release report the
-// loss.
-func (s *suite) broken(t testing.TB, what string, h lock.Holder) {
+// broken checks what a holder freed by Break sees: Done closes (by itself
+// within LossBound, the backend's watch, renewal or read-back finding the
+// lock gone; else at once after an Extend, which must report the loss),
+// Err says it was removed, and Extend and Release report the loss.
+func (s *suite) broken(t testing.TB, what string, h lock.Holder, byItself bool) {
 	t.Helper()
+	e, extends := h.(lock.Extender)
+	extends = extends && s.Extend
+	if extends && !byItself {
+		if err := e.Extend(ctxT(t)); !errors.Is(err, lock.ErrLockLost) {
+			t.Errorf("%s: Extend after the break = %v; want ErrLockLost", what, err)
+		}
+	}
 	eventually(t, h.Done(), s.LossBound, what+": Done after the break")
 	err := h.Err()
 	if !errors.Is(err, s.ErrLockLost) || !errors.Is(err, lock.ErrLockLost) || lock.ReasonOf(err) != lock.ReasonRemoved {
 		t.Errorf("%s: Err after the break = %v; want the backend's ErrLockLost, wrapping lock.ErrRemoved", what, err)
 	}
-	if e, ok := h.(lock.Extender); ok && s.Extend {
+	if extends && byItself {
 		if err := e.Extend(ctxT(t)); !errors.Is(err, lock.ErrLockLost) {
 			t.Errorf("%s: Extend after the break = %v; want ErrLockLost", what, err)
 		}
@@ -168,7 +175,7 @@ func (s *suite) breakMutex(t *testing.T) {
 		t.Errorf("successor's token %d not above the broken holder's %d", w.h.Token(), h.Token())
 	}
 	s.fenced(t, "after the break", name, []lock.Holder{w.h}, nil)
-	s.broken(t, "the broken holder", h)
+	s.broken(t, "the broken holder", h, true)
 	s.mustBeLocked(t, s.New(t), name)
 	s.heldBy(t, "after the broken holder's Release", name, w.h)
 	for _, c := range waiters {
@@ -228,7 +235,7 @@ func (s *suite) breakSemaphore(t *testing.T) {
 		if w.h.Token() <= h.Token() {
 			t.Errorf("new permit's token %d not above broken permit %d's %d", w.h.Token(), i, h.Token())
 		}
-		s.broken(t, fmt.Sprintf("broken permit %d", i), h)
+		s.broken(t, fmt.Sprintf("broken permit %d", i), h, false)
 	}
 	s.heldBy(t, "after the break and one acquire", name, w.h)
 }
@@ -267,7 +274,7 @@ func (s *suite) breakShared(t *testing.T) {
 		if w.h.Token() <= r.Token() {
 			t.Errorf("writer's token %d not above reader %d's %d", w.h.Token(), i, r.Token())
 		}
-		s.broken(t, fmt.Sprintf("broken reader %d", i), r)
+		s.broken(t, fmt.Sprintf("broken reader %d", i), r, false)
 	}
 	s.heldBy(t, "after the readers' Release", name, w.h)
 }
@@ -305,5 +312,5 @@ func (s *suite) breakFree(t *testing.T) {
 	if err := f.RejectIfStale(ctx, name, high); err != nil {
 		t.Errorf("fence after the break, token %d = %v; want the record kept at %d", uint64(high), err, uint64(high))
 	}
-	s.broken(t, "the broken holder", h)
+	s.broken(t, "the broken holder", h, false)
 }
