@@ -36,6 +36,7 @@ const slack = 3 * time.Second
 
 type runConfig struct {
 	duration time.Duration // of the fault phase
+	once     bool          // the fault phase injects every kind once and ends (go test -short)
 	clients  int
 	seed     uint64
 	csWork   time.Duration // longest pause inside a critical section
@@ -508,7 +509,7 @@ func (r *run) faultPhase() {
 	queue = append(queue, kinds...)
 	r.rng.Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
 	bound := r.b.recover + slack
-	for time.Now().Before(end) {
+	for len(queue) > 0 || !r.cfg.once && time.Now().Before(end) {
 		var kind string
 		if len(queue) > 0 {
 			kind, queue = queue[0], queue[1:]

@@ -447,6 +447,7 @@ func childPids(pid int) []int {
 }
 
 func startRedisServer(t testing.TB, dir string) (*server, string, error) {
+	testenv.SkipShort(t, "a private redis-server")
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, "", err
@@ -499,6 +500,7 @@ func etcdBinary() (string, error) {
 }
 
 func startEtcdServer(t testing.TB, dir string) (s *server, addr string, err error) {
+	testenv.SkipShort(t, "a private etcd")
 	bin, err := etcdBinary()
 	if err != nil {
 		return nil, "", err
@@ -568,6 +570,7 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // can reach. kill and pause reach every backend, as a crash or a
 // frozen host would.
 func startPostgresServer(t testing.TB) (*server, string, error) {
+	testenv.SkipShort(t, "a private PostgreSQL")
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, "", err

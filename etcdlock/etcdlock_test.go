@@ -376,8 +376,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 // then takes the lock at once. "slow" delays every transaction by 10ms (a
 // slow disk), so that most writes outlive their caller.
 func TestAbandonedWaitsLeaveNothing(t *testing.T) {
+	testenv.SkipShort(t, "etcd")
 	storm := 8 * time.Second
-	if testing.Short() || os.Getenv("CI") != "" {
+	if os.Getenv("CI") != "" {
 		storm = 3 * time.Second
 	}
 	for _, c := range []struct {

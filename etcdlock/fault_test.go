@@ -57,6 +57,7 @@ func startEtcd(t testing.TB) *etcdServer { return startEtcdCluster(t, 1)[0] }
 // each answers.
 func startEtcdCluster(t testing.TB, n int) []*etcdServer {
 	t.Helper()
+	testenv.SkipShort(t, "a private etcd")
 	out, err := exec.Command("bash", "../scripts/services.sh", "etcd-bin").Output()
 	bin := strings.TrimSpace(string(out))
 	if err != nil || bin == "" {
@@ -667,6 +668,7 @@ func TestReleaseAfterLossSendsNothing(t *testing.T) {
 		}
 		return invoke(ctx, method, req, reply, cc, opts...)
 	}
+	testenv.SkipShort(t, "etcd")
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   testenv.EtcdEndpoints(),
 		DialTimeout: 3 * time.Second,

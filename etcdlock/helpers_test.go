@@ -42,6 +42,7 @@ func probe(cli *clientv3.Client) func(context.Context) error {
 // client returns a client of the shared test server, closed at cleanup.
 func client(t testing.TB) *clientv3.Client {
 	t.Helper()
+	testenv.SkipShort(t, "etcd")
 	cli, err := dial(t, testenv.EtcdEndpoints())
 	if err != nil {
 		testenv.Unavailable(t, "etcd", err)

@@ -56,6 +56,7 @@ type server struct {
 
 func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}
@@ -76,6 +77,7 @@ func freePort(t testing.TB) int {
 // startServerOn is startServer on a given port, which must be free.
 func startServerOn(t testing.TB, port int, extra ...string) *server {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}

@@ -32,6 +32,7 @@ type privateRedis struct {
 
 func startPrivateRedis(t *testing.T) *privateRedis {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}

@@ -2,6 +2,13 @@
 // endpoints from the environment, the rule for missing services, the
 // one wait for a condition, and helpers to run the test binary as a child
 // process.
+//
+// go test -short runs every test that needs no server, and only those: a
+// test that needs one, shared (Need) or started by the test itself (a
+// private server to kill, a cluster), is skipped at once with a message,
+// without trying to reach it. Without -short a shared server that cannot
+// be reached skips its tests too, except where services are Required,
+// where it fails them.
 package testenv
 
 import (
@@ -73,12 +80,23 @@ func Ping(ctx context.Context, ping func(ctx context.Context) error) error {
 }
 
 // Need pings service and, when it does not answer, ends the test as
-// Unavailable says. Callers register the client's Close with t.Cleanup
-// first, so that a skipped test closes it too.
+// Unavailable says; under -short it skips the test without pinging.
+// Callers register the client's Close with t.Cleanup first, so that a
+// skipped test closes it too.
 func Need(t testing.TB, service string, ping func(ctx context.Context) error) {
 	t.Helper()
+	SkipShort(t, service)
 	if err := Ping(context.Background(), ping); err != nil {
 		Unavailable(t, service, err)
+	}
+}
+
+// SkipShort skips t under -short: it needs a server, which what names (a
+// shared service, or one the test starts: "a private redis-server").
+func SkipShort(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s; -short runs only the tests that need no server", what)
 	}
 }
 
