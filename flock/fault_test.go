@@ -664,11 +664,12 @@ func TestProcessesSharedNeverOverlap(t *testing.T) {
 // The same harness catches the classic close-then-unlink race, which shows
 // it would catch that race in flock too.
 func TestHammerCatchesNaiveUnlink(t *testing.T) {
+	d := 2 * time.Second
 	if testing.Short() {
-		t.Skip("-short")
+		d = time.Second
 	}
 	for round := 1; ; round++ {
-		sections, bad := hammer(t, "naive", 4, 1, 2*time.Second)
+		sections, bad := hammer(t, "naive", 4, 1, d)
 		if len(bad) > 0 {
 			t.Logf("round %d: the naive protocol overlapped %d times in %d sections; first: %s", round, len(bad), sections, bad[0])
 			return
