@@ -46,8 +46,10 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		LossBound:  5 * time.Second,
-		Waiting:    func(name string) int { return flock.Waiting(dir, name) },
+		LossBound: 5 * time.Second,
+		Waiting:   func(name string) int { return flock.Waiting(dir, name) },
+		// In order within a process, which the suite's waiters share.
+		FIFO:       func(t testing.TB, opts ...lock.Option) lock.Locker { return factory(t).AsLocker(opts...) },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory { return factory(t, opts...) },
 		TokenFile:  func(name string) string { return filepath.Join(dir, backend.Escape(name)+".lock") },
 		Name:       "flock",

@@ -109,7 +109,9 @@ type Backend struct {
 	// in the order they began to wait, and returns the locker of one
 	// waiter, with opts: a client as another process would have one (New,
 	// where the order holds between New's lockers too). The FIFO test
-	// starts each waiter once Queued counts the one before it.
+	// starts each waiter once Queued counts the one before it. Its
+	// waiters all live in the test's process: a backend whose order holds
+	// only within a process (flock, filelock) declares it too.
 	FIFO func(t testing.TB, opts ...lock.Option) lock.Locker
 	// Queued, if set, reports how many Acquires stand in the store's queue
 	// of name, the queue whose order FIFO promises: exactly, where Waiting
@@ -664,7 +666,9 @@ func (s *suite) wait(t *testing.T) {
 }
 
 // fifo: waiters of a mutex, each a client of its own, get it in the order
-// they began to wait, one at a time, with rising tokens.
+// they began to wait, one at a time, with rising tokens; the holder that
+// releases and asks again at once queues behind them, it does not take
+// the name back.
 func (s *suite) fifo(t *testing.T) {
 	if s.FIFO == nil {
 		t.Skip("backend does not claim FIFO waiting")
@@ -678,37 +682,41 @@ func (s *suite) fifo(t *testing.T) {
 	}
 	name := s.name(t, "x")
 	ctx := ctxT(t)
-	h := s.mustAcquire(t, s.New(t), name)
 	type turn struct {
 		i   int
 		h   lock.Holder
 		err error
 	}
 	const n = 5
-	turns := make(chan turn, n)
-	for i := range n {
-		l := s.FIFO(t, lock.WithWait())
+	turns := make(chan turn, n+1)
+	wait := func(i int, l lock.Locker) {
 		go func() {
 			h, err := l.Acquire(ctx, name)
 			turns <- turn{i, h, err}
 		}()
+	}
+	holder := s.FIFO(t, lock.WithWait())
+	h := s.mustAcquire(t, holder, name)
+	for i := range n {
+		wait(i, s.FIFO(t, lock.WithWait()))
 		waitCounted(t, queued, name, i+1)
 	}
 	s.mustRelease(t, h)
+	wait(n, holder) // the holder again, at once
 	last := h.Token()
-	for want := range n {
+	for want := range n + 1 {
 		var r turn
 		select {
 		case r = <-turns:
 		case <-time.After(30 * time.Second):
-			t.Fatalf("waiter %d: no lock within 30s of its turn", want)
+			t.Fatalf("turn %d: no lock within 30s", want)
 		}
 		if r.err != nil {
 			t.Fatalf("waiter %d: %v", r.i, r.err)
 		}
 		if r.i != want {
 			r.h.Release()
-			t.Fatalf("waiter %d got the lock in turn %d; want the waiters in the order they began to wait", r.i, want)
+			t.Fatalf("waiter %d got the lock in turn %d; want the waiters in the order they began to wait, then the holder that asked again (%d)", r.i, want, n)
 		}
 		if r.h.Token() <= last {
 			t.Errorf("waiter %d: token %d not above the previous holder's %d", r.i, r.h.Token(), last)

@@ -98,17 +98,19 @@ func (t *toy) acquire(ctx context.Context, name string, opts ...lock.Option) (*t
 	}
 }
 
-// try takes name if it is free, for a waiter (ticket > 0) only in its
-// turn: the first waiter's, or with lifo the last's.
+// try takes name if it is free and its turn: a waiter's (ticket > 0) when
+// it is the first in line, or with lifo the last; an attempt's when no
+// one waits.
 func (t *toy) try(name string, o *lock.Options, ticket uint64) *toyHolder {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	turn := true
-	if q := t.queue[name]; ticket > 0 {
+	q := t.queue[name]
+	turn := len(q) == 0
+	switch {
+	case ticket > 0 && t.lifo:
+		turn = q[len(q)-1] == ticket
+	case ticket > 0:
 		turn = q[0] == ticket
-		if t.lifo {
-			turn = q[len(q)-1] == ticket
-		}
 	}
 	if len(t.holders[name]) >= t.admit && !(t.barge && o.Wait) || !turn {
 		if t.liveTokens {
