@@ -15,6 +15,7 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/backend"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // toyStore is an in-test lock server shared by several clients, with the
@@ -151,17 +152,6 @@ func (o *overlap) enter() {
 func (o *overlap) leave() { o.inside.Add(-1) }
 
 func quiet() lock.LeadOption { return lock.WithLeadLogger(nil) }
-
-func within(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 // term is one leader's tenure as seen by the work function.
 type term struct {
@@ -409,7 +399,7 @@ func TestLeadFollowerStopsOnCancel(t *testing.T) {
 			return nil
 		}, lock.WithLeadRetry(time.Hour), quiet())
 	}()
-	within(t, 10*time.Second, "first campaign", func() bool {
+	testenv.Eventually(t, 10*time.Second, "first campaign", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.acquires > 1
@@ -518,7 +508,7 @@ func TestKeepAlive(t *testing.T) {
 	t.Run("renews until cancelled", func(t *testing.T) {
 		e := newExtender(t)
 		ctx, cancel := lock.KeepAlive(context.Background(), e, time.Millisecond)
-		within(t, 10*time.Second, "three renewals", func() bool { return e.count() >= 3 })
+		testenv.Eventually(t, 10*time.Second, "three renewals", func() bool { return e.count() >= 3 })
 		if ctx.Err() != nil {
 			t.Fatal("cancelled while renewals succeed")
 		}
@@ -536,7 +526,7 @@ func TestKeepAlive(t *testing.T) {
 		e := newExtender(t)
 		e.block = true // each Extend lasts until its context ends, and a little longer
 		_, cancel := lock.KeepAlive(context.Background(), e, 100*time.Millisecond)
-		within(t, 10*time.Second, "an Extend in flight", func() bool {
+		testenv.Eventually(t, 10*time.Second, "an Extend in flight", func() bool {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			return e.active > 0

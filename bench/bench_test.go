@@ -25,12 +25,14 @@ func TestShort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := bench.ShortConfig()
+	cfg.Local = testing.Short()
 	r, err := bench.Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{bench.Redis, bench.Postgres, bench.Etcd} {
 		t.Run("service="+s, func(t *testing.T) {
+			testenv.SkipShort(t, s)
 			if err := r.Down[s]; err != nil {
 				testenv.Unavailable(t, s, err)
 			}
@@ -124,6 +126,7 @@ func TestShort(t *testing.T) {
 // 2 give or take their share: the check wants at least 1.5. A crowd of 3
 // waiters runs the crowd cases' path.
 func TestServerWork(t *testing.T) {
+	testenv.SkipShort(t, "postgres and redis")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := bench.ShortConfig()

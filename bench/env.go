@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -71,6 +72,12 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 		prefix: fmt.Sprintf("ubgo-lock-bench/%d/", time.Now().UnixNano())}
 	e.defer_(func() { os.RemoveAll(dir) })
 
+	if cfg.Local {
+		for _, s := range []string{Redis, Postgres, Etcd} {
+			e.down[s] = errors.New("not dialled: Config.Local")
+		}
+		return e, nil
+	}
 	if e.rdb, err = dialRedis(ctx, e.rts[Redis]); err != nil {
 		e.down[Redis] = err
 	} else {

@@ -38,6 +38,7 @@ type Config struct {
 	PeerPoll time.Duration  // retry interval of the peers that poll while waiting
 	PgCount  bool           // count the Postgres cases' statements (two more passes of each, see pgCount)
 	NoBusy   bool           // skip the busy condition
+	Local    bool           // dial no service: only the memory and file cases run (go test -short)
 	Only     *regexp.Regexp // run only the cases whose "section/id" matches (uncontended/redis/PING, renewal/etcd/etcdlock, ...); nil: all
 	Log      io.Writer      // progress; nil: none
 }

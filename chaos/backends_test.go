@@ -217,6 +217,7 @@ func pgDef() *backendDef {
 		stopFor:  500 * time.Millisecond,
 		stallFor: 1500 * time.Millisecond,
 		setup: func(r *run) error {
+			testenv.SkipShort(r.t, "postgres")
 			dsn := testenv.PostgresDSN()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -17,6 +17,8 @@ import (
 // The suite runs short by default (a fixed seed, seconds per backend, as
 // part of `go test ./...`); CHAOS_LONG=1 (or -chaos.long) runs it for
 // minutes, as `make chaos` does. CHAOS_SEED (or -chaos.seed) replays a run.
+// go test -short injects every fault kind once per backend, and the
+// backends that need a server are skipped.
 var (
 	longFlag = flag.Bool("chaos.long", os.Getenv("CHAOS_LONG") == "1", "run each backend for CHAOS_DURATION (default 75s) instead of seconds")
 	seedFlag = flag.Uint64("chaos.seed", envUint("CHAOS_SEED"), "seed of the fault schedule (0: 1 in short mode, the clock in long mode)")
@@ -63,6 +65,7 @@ func config(b *backendDef) runConfig {
 	default:
 		cfg.duration = shortFor[b.name]
 	}
+	cfg.once = testing.Short() && *durFlag == 0 && !*longFlag
 	if cfg.seed == 0 {
 		cfg.seed = 1
 		if *longFlag {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/contrib/gocronlock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // mxCall is one run of a cell.
@@ -175,12 +176,22 @@ func (k *mxCall) strike() (mxResult, string) {
 	case "wait":
 		res := k.start()
 		wname := k.heldNames()[0]
-		for !m.waiting(c.kind, wname, k.app) {
+		var early mxResult
+		returned := false
+		if !testenv.Poll(c.bound()+10*time.Second, func() bool {
 			select {
-			case r := <-res:
-				return r, "B returned before it was seen waiting"
-			case <-time.After(5 * time.Millisecond):
+			case early = <-res:
+				returned = true
+				return true
+			default:
 			}
+			return m.waiting(c.kind, wname, k.app)
+		}) {
+			r, _ := k.await(res)
+			return r, "B was never seen waiting"
+		}
+		if returned {
+			return early, "B returned before it was seen waiting"
 		}
 		select {
 		case r := <-res:
@@ -358,11 +369,7 @@ func (k *mxCall) after(o *mxOutcome) {
 		o.fail("C waited %v, past the clean-up bound %v", o.clean.Round(time.Millisecond), limit)
 	}
 	var left string
-	for deadline := time.Now().Add(limit); ; time.Sleep(20 * time.Millisecond) {
-		if left = m.left(k.names()); left == "" || time.Now().After(deadline) {
-			break
-		}
-	}
+	testenv.Poll(limit, func() bool { left = m.left(k.names()); return left == "" })
 	if left != "" {
 		o.fail("left in the store %v after C released: %s", limit, left)
 	}

@@ -280,19 +280,22 @@ func (m *mx) armTrip(f, marker, name string, quit <-chan struct{}) (struck, done
 			return
 		}
 		var heldAt time.Time
-		for deadline := time.Now().Add(5 * time.Second); !m.granted(name); time.Sleep(2 * time.Millisecond) {
+		quitting := false
+		testenv.Poll(5*time.Second, func() bool {
 			select {
 			case <-quit:
-				return
+				quitting = true
+				return true
 			case <-held:
 				if heldAt.IsZero() {
 					heldAt = time.Now()
 				}
 			default:
 			}
-			if !heldAt.IsZero() && time.Since(heldAt) > 300*time.Millisecond || time.Now().After(deadline) {
-				break
-			}
+			return m.granted(name) || !heldAt.IsZero() && time.Since(heldAt) > 300*time.Millisecond
+		})
+		if quitting {
+			return
 		}
 		if f == "kill" {
 			m.srv.kill()

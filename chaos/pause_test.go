@@ -45,7 +45,7 @@ import (
 // Rounds per backend: 20 in the long run, 3 in the short one, or
 // CHAOS_ROUNDS (-chaos.rounds).
 
-var roundsFlag = flag.Int("chaos.rounds", int(envUint("CHAOS_ROUNDS")), "rounds of the paused-waiter test per backend (0: 20 in the long run, 3 in the short one)")
+var roundsFlag = flag.Int("chaos.rounds", int(envUint("CHAOS_ROUNDS")), "rounds of the paused-waiter test per backend (0: 20 in the long run, 3 in the short one, 1 under -short)")
 
 // pauseHold is how long the next waiter keeps the name after the head
 // continued: time for a head that took a stale grant to say so.
@@ -76,8 +76,11 @@ func TestPausedWaiter(t *testing.T) {
 	rounds := *roundsFlag
 	if rounds <= 0 {
 		rounds = 3
-		if *longFlag {
+		switch {
+		case *longFlag:
 			rounds = 20
+		case testing.Short():
+			rounds = 1
 		}
 	}
 	for _, b := range backends() {

@@ -36,6 +36,7 @@ const slack = 3 * time.Second
 
 type runConfig struct {
 	duration time.Duration // of the fault phase
+	once     bool          // the fault phase injects every kind once and ends (go test -short)
 	clients  int
 	seed     uint64
 	csWork   time.Duration // longest pause inside a critical section
@@ -387,22 +388,19 @@ func (r *run) live() []*proc {
 // pick returns a live client in state, chosen by the seeded generator,
 // waiting up to 500ms for one; nil if none.
 func (r *run) pick(state string) *proc {
-	deadline := time.Now().Add(500 * time.Millisecond)
-	for {
-		var in []*proc
+	var in []*proc
+	if !testenv.Poll(500*time.Millisecond, func() bool {
+		in = in[:0]
 		for _, p := range r.live() {
 			if p.getState() == state {
 				in = append(in, p)
 			}
 		}
-		if len(in) > 0 {
-			return in[r.rng.IntN(len(in))]
-		}
-		if time.Now().After(deadline) {
-			return nil
-		}
-		time.Sleep(2 * time.Millisecond)
+		return len(in) > 0
+	}) {
+		return nil
 	}
+	return in[r.rng.IntN(len(in))]
 }
 
 func (r *run) pickHolder() *proc { return r.pick("held") }
@@ -487,20 +485,18 @@ func (r *run) addStop(client int, from, to int64) {
 // firstAcqAfter returns the first acquire reported to have returned after
 // t, waiting until deadline for one; 0 if none.
 func (r *run) firstAcqAfter(t int64, deadline time.Time) int64 {
-	for {
+	var first int64
+	testenv.Poll(time.Until(deadline), func() bool {
 		r.mu.Lock()
-		var first int64
+		defer r.mu.Unlock()
 		for _, a := range r.acqs {
 			if a > t && (first == 0 || a < first) {
 				first = a
 			}
 		}
-		r.mu.Unlock()
-		if first != 0 || time.Now().After(deadline) {
-			return first
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return first != 0
+	})
+	return first
 }
 
 // faultPhase injects faults on the seeded schedule until the phase's
@@ -513,7 +509,7 @@ func (r *run) faultPhase() {
 	queue = append(queue, kinds...)
 	r.rng.Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
 	bound := r.b.recover + slack
-	for time.Now().Before(end) {
+	for len(queue) > 0 || !r.cfg.once && time.Now().Before(end) {
 		var kind string
 		if len(queue) > 0 {
 			kind, queue = queue[0], queue[1:]

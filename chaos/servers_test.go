@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // proxy forwards TCP connections from clients to a server and, on
@@ -347,17 +348,10 @@ func (s *server) start() error {
 		return err
 	}
 	s.cmd = cmd
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := s.ready()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after 30s: %v (log %s)", s.name, err, s.log)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testenv.Poll(30*time.Second, func() bool { err = s.ready(); return err == nil }) {
+		return fmt.Errorf("%s not ready after 30s: %v (log %s)", s.name, err, s.log)
 	}
+	return nil
 }
 
 // kill ends the server with SIGKILL: a crash, not a clean shutdown.
@@ -370,11 +364,7 @@ func (s *server) kill() {
 	pids := s.signalLocked(syscall.SIGKILL)
 	s.cmd.Wait()
 	// Every backend gone, so that a restart finds its shared memory free.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if !slices.ContainsFunc(pids, alive) {
-			break
-		}
-	}
+	testenv.Poll(10*time.Second, func() bool { return !slices.ContainsFunc(pids, alive) })
 	s.cmd = nil
 }
 
@@ -407,14 +397,12 @@ func (s *server) pause() error {
 		return errors.New(s.name + " is not running")
 	}
 	pids := s.signalLocked(syscall.SIGSTOP)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if !slices.ContainsFunc(pids, func(pid int) bool { return alive(pid) && !allStopped(pid) }) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not stopped within 10s of SIGSTOP", s.name)
-		}
+	if !testenv.Poll(10*time.Second, func() bool {
+		return !slices.ContainsFunc(pids, func(pid int) bool { return alive(pid) && !allStopped(pid) })
+	}) {
+		return fmt.Errorf("%s not stopped within 10s of SIGSTOP", s.name)
 	}
+	return nil
 }
 
 // resume lets a paused server run again (SIGCONT).
@@ -459,6 +447,7 @@ func childPids(pid int) []int {
 }
 
 func startRedisServer(t testing.TB, dir string) (*server, string, error) {
+	testenv.SkipShort(t, "a private redis-server")
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, "", err
@@ -511,6 +500,7 @@ func etcdBinary() (string, error) {
 }
 
 func startEtcdServer(t testing.TB, dir string) (s *server, addr string, err error) {
+	testenv.SkipShort(t, "a private etcd")
 	bin, err := etcdBinary()
 	if err != nil {
 		return nil, "", err
@@ -580,6 +570,7 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // can reach. kill and pause reach every backend, as a crash or a
 // frozen host would.
 func startPostgresServer(t testing.TB) (*server, string, error) {
+	testenv.SkipShort(t, "a private PostgreSQL")
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, "", err

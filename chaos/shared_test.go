@@ -57,6 +57,7 @@ var shared struct {
 }
 
 func sharedPool(t testing.TB) *pgxpool.Pool {
+	testenv.SkipShort(t, "postgres")
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.pool == nil && shared.errs["postgres"] == nil {
@@ -79,6 +80,7 @@ func sharedPool(t testing.TB) *pgxpool.Pool {
 }
 
 func sharedRedis(t testing.TB) *redis.Client {
+	testenv.SkipShort(t, "redis")
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.rdb == nil && shared.errs["redis"] == nil {
@@ -100,6 +102,7 @@ func sharedRedis(t testing.TB) *redis.Client {
 }
 
 func sharedEtcd(t testing.TB) *clientv3.Client {
+	testenv.SkipShort(t, "etcd")
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.etcd == nil && shared.errs["etcd"] == nil {

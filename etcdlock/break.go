@@ -14,9 +14,9 @@ import (
 // its lease still runs. It reads the name's keys and, in one Txn that
 // holds only if the holders' keys are still the ones read (else it reads
 // again):
-//   - deletes the holders' keys: the mutex's, or the first n of a
-//     semaphore of n, never a waiter's nor the holder's lease, which its
-//     other locks share;
+//   - deletes the holders' keys: the mutex's, the first n of a semaphore
+//     of n, or the readers' of a name held shared (WithShared), never a
+//     waiter's nor the holder's lease, which its other locks share;
 //   - raises the fence record of the key equal to name (Fence.Key(name),
 //     under the same prefix) to one above the highest freed token, unless
 //     it is higher already, and creates it if absent: from then on that
@@ -51,8 +51,7 @@ func (f *Factory) Break(ctx context.Context, name string) error {
 		if len(resp.Kvs) == 0 {
 			return fmt.Errorf("etcdlock: break: %w: %q", lock.ErrNotHeld, name)
 		}
-		limit, _ := limitOf(q.dir, string(resp.Kvs[0].Key))
-		held := resp.Kvs[:min(max(limit, 1), len(resp.Kvs))]
+		held := heldOf(q.dir, resp.Kvs)
 		var cmps []clientv3.Cmp
 		var ops []clientv3.Op
 		var top int64

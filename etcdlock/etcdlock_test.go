@@ -81,6 +81,11 @@ func conformance(t *testing.T, cli, operator *clientv3.Client, ttl time.Duration
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
 			return factory(t, cli, append([]lock.Option{etcdlock.WithKeyPrefix(prefix)}, opts...)...)
 		},
+		Breaker: func(t testing.TB) locktest.Breaker { return factory(t, cli, etcdlock.WithKeyPrefix(prefix)) },
+		Fence:   func(testing.TB) lock.Fence { return etcdlock.NewFence(cli, etcdlock.WithKeyPrefix(prefix)) },
+		FIFO: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return factory(t, cli, etcdlock.WithKeyPrefix(prefix)).AsLocker(opts...)
+		},
 		Name: "etcdlock",
 	})
 }
@@ -175,62 +180,6 @@ func TestOperatorTakesLockAway(t *testing.T) {
 	}
 }
 
-// Waiters are granted in the order they queued.
-func TestWaitIsFIFO(t *testing.T) {
-	cli := client(t)
-	prefix := testPrefix(t)
-	f := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-	ctx := ctxT(t, time.Minute)
-	h, err := f.Acquire(ctx, "q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 5
-	var mu sync.Mutex
-	var order []int
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		// Queue one at a time: each waiter's key is written before the next
-		// starts.
-		g := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-		queued := make(chan struct{})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w, err := g.Acquire(ctx, "q", etcdlock.WithWait())
-			if err != nil {
-				t.Error(err)
-				close(queued)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		}()
-		go func() {
-			for {
-				resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-				if err == nil && resp.Count >= int64(i+2) {
-					close(queued)
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-		<-queued
-	}
-	if err := h.Release(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	for i, got := range order {
-		if got != i {
-			t.Fatalf("grant order %v; want FIFO", order)
-		}
-	}
-}
-
 func TestInspectDetails(t *testing.T) {
 	cli := client(t)
 	prefix := testPrefix(t)
@@ -309,9 +258,6 @@ func TestKeyNamesReused(t *testing.T) {
 
 // An idle lease is taken up again rather than granted anew.
 func TestIdleLeaseReused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for the idle linger")
-	}
 	cli := client(t)
 	f := factory(t, cli, etcdlock.WithKeyPrefix(testPrefix(t)), etcdlock.WithTTL(30*time.Second))
 	ctx := ctxT(t, time.Minute)
@@ -320,7 +266,10 @@ func TestIdleLeaseReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Release()
-	time.Sleep(3 * time.Second) // renewal stops after 2s unused
+	if f.Renewing() != 1 {
+		t.Fatalf("%d leases renewed just after the release; want the idle one, lingering", f.Renewing())
+	}
+	testenv.Eventually(t, 30*time.Second, "the idle lease's renewal stopped", func() bool { return f.Renewing() == 0 })
 	h2, err := f.Acquire(ctx, "idle")
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +301,7 @@ func TestWaiterKeyDeleted(t *testing.T) {
 		got <- w
 	}()
 	var waiterKey string
-	for waiterKey == "" {
+	testenv.Eventually(t, 30*time.Second, "the waiter's key", func() bool {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
 			t.Fatal(err)
@@ -362,22 +311,18 @@ func TestWaiterKeyDeleted(t *testing.T) {
 				waiterKey = string(kv.Key)
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return waiterKey != ""
+	})
 	if _, err := cli.Delete(ctx, waiterKey); err != nil {
 		t.Fatal(err)
 	}
-	// The waiter puts itself back in the queue.
-	for {
+	testenv.Eventually(t, 30*time.Second, "the waiter back in the queue", func() bool {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.Count == 2 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return resp.Count == 2
+	})
 	select {
 	case <-got:
 		t.Fatal("the waiter acquired while the lock was held")
@@ -418,13 +363,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testenv.Poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
 	}
 }
 
@@ -435,8 +376,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 // then takes the lock at once. "slow" delays every transaction by 10ms (a
 // slow disk), so that most writes outlive their caller.
 func TestAbandonedWaitsLeaveNothing(t *testing.T) {
+	testenv.SkipShort(t, "etcd")
 	storm := 8 * time.Second
-	if testing.Short() || os.Getenv("CI") != "" {
+	if os.Getenv("CI") != "" {
 		storm = 3 * time.Second
 	}
 	for _, c := range []struct {
@@ -527,12 +469,12 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			left := keys
-			for left > 0 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
+			testenv.Poll(time.Until(deadline), func() bool {
 				if left, err = count(); err != nil {
 					t.Fatal(err)
 				}
-			}
+				return left == 0
+			})
 			t.Logf("%d contenders, %v: %d acquired, %d ErrLocked, %d other errors; at most %d keys at once, %d when the last caller returned, %d after %v",
 				c.n, storm, acquired.Load(), locked.Load(), other.Load(), most, keys, left, time.Since(returned).Round(time.Millisecond))
 			if most > int64(c.n) {
@@ -542,16 +484,15 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 				t.Fatalf("%d keys left under the name 10s after the last caller returned", left)
 			}
 			fresh := factory(t, cli, etcdlock.WithKeyPrefix(prefix))
-			for {
-				h, err := fresh.Acquire(ctx, "storm")
-				if err == nil {
+			testenv.Poll(time.Until(deadline), func() bool {
+				var h *etcdlock.Holder
+				if h, err = fresh.Acquire(ctx, "storm"); err == nil {
 					h.Release()
-					break
 				}
-				if !errors.Is(err, etcdlock.ErrLocked) || time.Now().After(deadline) {
-					t.Fatalf("a fresh factory's Acquire %v after the last caller returned = %v", time.Since(returned), err)
-				}
-				time.Sleep(10 * time.Millisecond)
+				return !errors.Is(err, etcdlock.ErrLocked)
+			})
+			if err != nil {
+				t.Fatalf("a fresh factory's Acquire %v after the last caller returned = %v", time.Since(returned), err)
 			}
 		})
 	}
@@ -583,14 +524,10 @@ func TestListPages(t *testing.T) {
 		}
 		waited <- err
 	}()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if info, err := f.Inspect(ctx, "p/0000"); err != nil || info.Waiting == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never showed in Inspect's Waiting")
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, "the waiter in Inspect's Waiting", func() bool {
+		info, err := f.Inspect(ctx, "p/0000")
+		return err != nil || info.Waiting == 1
+	})
 	var got []string
 	for info, err := range f.List(ctx, "p/") {
 		if err != nil {

@@ -57,6 +57,7 @@ func startEtcd(t testing.TB) *etcdServer { return startEtcdCluster(t, 1)[0] }
 // each answers.
 func startEtcdCluster(t testing.TB, n int) []*etcdServer {
 	t.Helper()
+	testenv.SkipShort(t, "a private etcd")
 	out, err := exec.Command("bash", "../scripts/services.sh", "etcd-bin").Output()
 	bin := strings.TrimSpace(string(out))
 	if err != nil || bin == "" {
@@ -121,17 +122,15 @@ func (s *etcdServer) launch() {
 // cluster does so only once a quorum of them runs.
 func (s *etcdServer) ready() {
 	s.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		cli, err := dial(s.t, s.endpoints())
-		if err == nil {
+	var err error
+	if !testenv.Poll(30*time.Second, func() bool {
+		var cli *clientv3.Client
+		if cli, err = dial(s.t, s.endpoints()); err == nil {
 			cli.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("private etcd did not come up: %v (log in %s)", err, s.dir)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err == nil
+	}) {
+		s.t.Fatalf("private etcd did not come up: %v (log in %s)", err, s.dir)
 	}
 }
 
@@ -669,6 +668,7 @@ func TestReleaseAfterLossSendsNothing(t *testing.T) {
 		}
 		return invoke(ctx, method, req, reply, cc, opts...)
 	}
+	testenv.SkipShort(t, "etcd")
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   testenv.EtcdEndpoints(),
 		DialTimeout: 3 * time.Second,

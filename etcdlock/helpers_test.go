@@ -42,6 +42,7 @@ func probe(cli *clientv3.Client) func(context.Context) error {
 // client returns a client of the shared test server, closed at cleanup.
 func client(t testing.TB) *clientv3.Client {
 	t.Helper()
+	testenv.SkipShort(t, "etcd")
 	cli, err := dial(t, testenv.EtcdEndpoints())
 	if err != nil {
 		testenv.Unavailable(t, "etcd", err)
@@ -82,15 +83,13 @@ func waitClosed(t testing.TB, ch <-chan struct{}, d time.Duration, what string) 
 // 30s or on an Inspect error, and returns what Inspect last said.
 func waitWaiting(t testing.TB, f *etcdlock.Factory, name string, n int) lock.Info {
 	t.Helper()
-	ctx := ctxT(t, 30*time.Second)
-	for {
-		info, err := f.Inspect(ctx, name)
-		if err != nil {
-			t.Fatalf("waiting for %d waiters on %q: %v (last %+v)", n, name, err, info)
-		}
-		if info.Waiting == n {
-			return info
-		}
-		time.Sleep(5 * time.Millisecond)
+	var info lock.Info
+	var err error
+	if !testenv.Poll(30*time.Second, func() bool {
+		info, err = f.Inspect(ctxT(t, 10*time.Second), name)
+		return err != nil || info.Waiting == n
+	}) || err != nil {
+		t.Fatalf("waiting for %d waiters on %q: %v (last %+v)", n, name, err, info)
 	}
+	return info
 }

@@ -38,6 +38,23 @@ func (f *Factory) Inspect(ctx context.Context, name string) (lock.Info, error) {
 	return f.infoOf(ctx, name, q.dir, resp.Kvs, map[int64]time.Time{}), nil
 }
 
+// heldOf returns the holders' keys of the directory dir, whose keys kvs
+// are sorted by create revision: the first limit of them, or the shared
+// holders up to the first exclusive key.
+func heldOf(dir string, kvs []*mvccpb.KeyValue) []*mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	limit, _ := limitOf(dir, string(kvs[0].Key))
+	n := min(max(limit, 1), len(kvs))
+	if isShared(string(kvs[0].Key)) {
+		for n < len(kvs) && isShared(string(kvs[n].Key)) {
+			n++
+		}
+	}
+	return kvs[:n]
+}
+
 // infoOf describes the name whose directory dir holds kvs, sorted by
 // create revision; expires caches lease expiries.
 func (f *Factory) infoOf(ctx context.Context, name, dir string, kvs []*mvccpb.KeyValue, expires map[int64]time.Time) lock.Info {
@@ -46,13 +63,7 @@ func (f *Factory) infoOf(ctx context.Context, name, dir string, kvs []*mvccpb.Ke
 		return info
 	}
 	info.Limit, _ = limitOf(dir, string(kvs[0].Key))
-	n := min(max(info.Limit, 1), len(kvs))
-	if isShared(string(kvs[0].Key)) { // shared holders: up to the first exclusive key
-		for n < len(kvs) && isShared(string(kvs[n].Key)) {
-			n++
-		}
-	}
-	held := kvs[:n]
+	held := heldOf(dir, kvs)
 	info.Waiting = len(kvs) - len(held)
 	for _, kv := range held {
 		var r record

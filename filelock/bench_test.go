@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ubgo/lock/filelock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // BenchmarkAcquireRelease is one uncontended Acquire and Release: guard
@@ -90,7 +91,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			got <- w
 		}()
-		time.Sleep(time.Millisecond) // let the waiter find the lock taken
+		testenv.Eventually(b, 10*time.Second, "the waiter waiting", func() bool { return filelock.Waiting(dir, "pp") > 0 })
 		start := time.Now()
 		h.Release()
 		w := <-got

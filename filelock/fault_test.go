@@ -282,11 +282,8 @@ func procState(t *testing.T, pid int) string {
 func (c *child) stopOutsideGuard(t *testing.T, guard string) {
 	t.Helper()
 	pid := c.cmd.Process.Pid
-	for {
-		c.cmd.Process.Signal(syscall.SIGSTOP)
-		for procState(t, pid) != "T" {
-			time.Sleep(time.Millisecond)
-		}
+	testenv.Eventually(t, 30*time.Second, "the child stopped outside the guard", func() bool {
+		testenv.Pause(t, c.cmd.Process)
 		fd, err := unix.Open(guard, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -294,14 +291,12 @@ func (c *child) stopOutsideGuard(t *testing.T, guard string) {
 		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
 		unix.Close(fd)
 		if err == nil {
-			return
+			return true
 		}
 		c.cmd.Process.Signal(syscall.SIGCONT)
-		for procState(t, pid) == "T" {
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		testenv.Eventually(t, 10*time.Second, "the child running again", func() bool { return procState(t, pid) != "T" })
+		return false
+	})
 }
 
 // awaitWaiter returns once an Acquire of this process waits on name: it

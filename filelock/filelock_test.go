@@ -54,12 +54,20 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		Waiting:   func(name string) int { return filelock.Waiting(dir, name) },
+		Waiting: func(name string) int { return filelock.Waiting(dir, name) },
+		// In order within a process, which the suite's waiters share.
+		FIFO: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil)).AsLocker(opts...)
+		},
 		TokenFile: func(name string) string { return filepath.Join(dir, backend.Escape(name)+".token") },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory {
 			return newFactory(t, append([]lock.Option{filelock.WithDir(dir), filelock.WithLogger(nil)}, opts...)...)
 		},
-		Name: "filelock",
+		Breaker: func(t testing.TB) locktest.Breaker {
+			return newFactory(t, filelock.WithDir(dir), filelock.WithLogger(nil))
+		},
+		Fence: func(testing.TB) lock.Fence { return filelock.NewFence(filelock.WithDir(dir)) },
+		Name:  "filelock",
 	})
 }
 

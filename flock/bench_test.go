@@ -5,13 +5,13 @@ package flock_test
 import (
 	"context"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ubgo/lock/flock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // cpuPerOp reports the process's CPU time (user and system, all threads)
@@ -128,9 +128,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			got <- w
 		}()
-		for flock.Waiting(f.Dir(), "pp") == 0 {
-			runtime.Gosched()
-		}
+		testenv.Eventually(b, 10*time.Second, "the waiter waiting", func() bool { return flock.Waiting(f.Dir(), "pp") > 0 })
 		start := time.Now()
 		h.Release()
 		h = <-got

@@ -17,6 +17,14 @@ func Waiting(dir, name string) int {
 	return dirwatch.Subscribers(abs, backend.Escape(name))
 }
 
+// Watching reports whether this process watches dir for its waiters, or
+// is still closing that watch (internal/dirwatch keeps it a while after
+// the last waiter left).
+func Watching(dir string) bool {
+	abs, err := filepath.Abs(dir)
+	return err == nil && dirwatch.Watching(abs)
+}
+
 // SignalForTest wakes the waiters of the escaped name esc in dir, as a
 // release in this process does.
 func SignalForTest(dir, esc string) { dirwatch.Signal(dir, esc) }

@@ -46,8 +46,10 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		LossBound:  5 * time.Second,
-		Waiting:    func(name string) int { return flock.Waiting(dir, name) },
+		LossBound: 5 * time.Second,
+		Waiting:   func(name string) int { return flock.Waiting(dir, name) },
+		// In order within a process, which the suite's waiters share.
+		FIFO:       func(t testing.TB, opts ...lock.Option) lock.Locker { return factory(t).AsLocker(opts...) },
 		NewFactory: func(t testing.TB, opts ...lock.Option) locktest.Factory { return factory(t, opts...) },
 		TokenFile:  func(name string) string { return filepath.Join(dir, backend.Escape(name)+".lock") },
 		Name:       "flock",
@@ -510,17 +512,12 @@ func TestNoDescriptorLeaks(t *testing.T) {
 		f.WithLock(ctx, "w", func(context.Context) error { return nil })
 	}
 	settle := func(want int) int {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			n := openFDs(t)
-			if n <= want || time.Now().After(deadline) {
-				return n
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		n := 0
+		testenv.Poll(10*time.Second, func() bool { n = openFDs(t); return n <= want })
+		return n
 	}
 	cycle()
-	time.Sleep(1500 * time.Millisecond) // the inotify watch lingers a second
+	testenv.Eventually(t, 10*time.Second, "the directory's watch retired", func() bool { return !flock.Watching(dir) })
 	base := openFDs(t)
 	for i := 0; i < 5; i++ {
 		cycle()

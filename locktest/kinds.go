@@ -99,20 +99,6 @@ func (s *suite) maxHoldClock(t *testing.T) {
 		t.Skip("backend gave no Clock")
 	}
 	newLocker, advance := s.Clock(t)
-	takeWithin := func(name string) lock.Holder {
-		t.Helper()
-		deadline := time.Now().Add(s.LossBound)
-		for {
-			h, err := newLocker().Acquire(ctxT(t), name)
-			if err == nil {
-				return h
-			}
-			if !errors.Is(err, lock.ErrLocked) || time.Now().After(deadline) {
-				t.Fatalf("name not free %v after WithMaxHold: %v", s.LossBound, err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	name := s.name(t, "x")
 	h := s.mustAcquire(t, newLocker(lock.WithMaxHold(time.Minute)), name)
 	advance(time.Minute - time.Millisecond)
@@ -123,7 +109,7 @@ func (s *suite) maxHoldClock(t *testing.T) {
 	advance(time.Millisecond)
 	eventually(t, h.Done(), s.LossBound, "a lock ending at its WithMaxHold")
 	s.isMaxHold(t, "Err after WithMaxHold", h.Err())
-	h2 := takeWithin(name)
+	h2 := takeWithin(t, func() lock.Locker { return newLocker() }, name, s.LossBound)
 	if err := h.Release(); !errors.Is(err, lock.ErrLockLost) {
 		t.Errorf("Release after WithMaxHold = %v; want ErrLockLost", err)
 	}
@@ -144,7 +130,7 @@ func (s *suite) maxHoldClock(t *testing.T) {
 	if err := h.(lock.Extender).Extend(ctxT(t)); !errors.Is(err, lock.ErrLockLost) {
 		t.Fatalf("Extend after WithMaxHold = %v; want ErrLockLost", err)
 	}
-	s.mustRelease(t, takeWithin(name))
+	s.mustRelease(t, takeWithin(t, func() lock.Locker { return newLocker() }, name, s.LossBound))
 }
 
 // acquireAll: AcquireAll holds every name of the set, each with its own

@@ -98,6 +98,25 @@ type Backend struct {
 	// content and a torn one, as a host crash may, and checks that tokens
 	// still never go back.
 	TokenFile func(name string) string
+	// Breaker, if set, returns a Breaker of the store New uses; the Break
+	// tests then run, on every kind of lock the backend claims.
+	Breaker func(t testing.TB) Breaker
+	// Fence, if set, returns the backend's lock.Fence on the store New
+	// uses, under the same key prefix or directory: the fence whose record
+	// of the key equal to a name Break raises.
+	Fence func(t testing.TB) lock.Fence
+	// FIFO, if set, says the backend hands a mutex to its waiting Acquires
+	// in the order they began to wait, and returns the locker of one
+	// waiter, with opts: a client as another process would have one (New,
+	// where the order holds between New's lockers too). The FIFO test
+	// starts each waiter once Queued counts the one before it. Its
+	// waiters all live in the test's process: a backend whose order holds
+	// only within a process (flock, filelock) declares it too.
+	FIFO func(t testing.TB, opts ...lock.Option) lock.Locker
+	// Queued, if set, reports how many Acquires stand in the store's queue
+	// of name, the queue whose order FIFO promises: exactly, where Waiting
+	// may count more. Default Waiting.
+	Queued func(name string) int
 	// Name is the backend's name in lock.Event.Backend. If set, the
 	// Observer test runs, giving lock.WithObserver to New.
 	Name string
@@ -147,6 +166,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("WaitTimeout", s.waitTimeout)
 	t.Run("WithWaitTimeout", s.withWaitTimeout)
 	t.Run("WaitCancelMany", s.waitCancelMany)
+	t.Run("FIFO", s.fifo)
 	t.Run("Outage", s.outage)
 	t.Run("Semaphore", s.semaphore)
 	t.Run("SemaphoreExclusion", s.semaphoreExclusion)
@@ -162,6 +182,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("AcquireAllLostWaiting", s.acquireAllLostWaiting)
 	t.Run("AcquireAllNoDeadlock", s.acquireAllNoDeadlock)
 	t.Run("Shared", s.shared)
+	t.Run("Break", s.breakLock)
 	t.Run("Inspect", s.inspect)
 	t.Run("List", s.list)
 	t.Run("Observer", s.observer)
@@ -600,12 +621,8 @@ func waitCounted(t testing.TB, waiting func(string) int, name string, n int) {
 		time.Sleep(50 * time.Millisecond)
 		return
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for waiting(name) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d Acquires waiting on %q after 30s, want %d", waiting(name), name, n)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if !testenv.Poll(30*time.Second, func() bool { return waiting(name) >= n }) {
+		t.Fatalf("%d Acquires waiting on %q after 30s, want %d", waiting(name), name, n)
 	}
 }
 
@@ -645,6 +662,67 @@ func (s *suite) wait(t *testing.T) {
 	}
 	if r.h.Token() <= h.Token() {
 		t.Fatalf("waiter's token %d not above the previous holder's %d", r.h.Token(), h.Token())
+	}
+}
+
+// fifo: waiters of a mutex, each a client of its own, get it in the order
+// they began to wait, one at a time, with rising tokens; the holder that
+// releases and asks again at once queues behind them, it does not take
+// the name back.
+func (s *suite) fifo(t *testing.T) {
+	if s.FIFO == nil {
+		t.Skip("backend does not claim FIFO waiting")
+	}
+	queued := s.Queued
+	if queued == nil {
+		queued = s.Waiting
+	}
+	if queued == nil {
+		t.Fatal("locktest: Backend.FIFO needs Queued or Waiting")
+	}
+	name := s.name(t, "x")
+	ctx := ctxT(t)
+	type turn struct {
+		i   int
+		h   lock.Holder
+		err error
+	}
+	const n = 5
+	turns := make(chan turn, n+1)
+	wait := func(i int, l lock.Locker) {
+		go func() {
+			h, err := l.Acquire(ctx, name)
+			turns <- turn{i, h, err}
+		}()
+	}
+	holder := s.FIFO(t, lock.WithWait())
+	h := s.mustAcquire(t, holder, name)
+	for i := range n {
+		wait(i, s.FIFO(t, lock.WithWait()))
+		waitCounted(t, queued, name, i+1)
+	}
+	s.mustRelease(t, h)
+	wait(n, holder) // the holder again, at once
+	last := h.Token()
+	for want := range n + 1 {
+		var r turn
+		select {
+		case r = <-turns:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("turn %d: no lock within 30s", want)
+		}
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", r.i, r.err)
+		}
+		if r.i != want {
+			r.h.Release()
+			t.Fatalf("waiter %d got the lock in turn %d; want the waiters in the order they began to wait, then the holder that asked again (%d)", r.i, want, n)
+		}
+		if r.h.Token() <= last {
+			t.Errorf("waiter %d: token %d not above the previous holder's %d", r.i, r.h.Token(), last)
+		}
+		last = r.h.Token()
+		s.mustRelease(t, r.h)
 	}
 }
 
@@ -992,17 +1070,23 @@ func (s *suite) loss(t *testing.T) {
 // for up to bound.
 func (s *suite) acquireWithin(t testing.TB, name string, bound time.Duration) lock.Holder {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for {
-		h, err := s.New(t).Acquire(ctxT(t), name)
-		if err == nil {
-			return h
-		}
-		if !errors.Is(err, lock.ErrLocked) || time.Now().After(deadline) {
-			t.Fatalf("name not free %v after its lock was lost: %v", bound, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	return takeWithin(t, func() lock.Locker { return s.New(t) }, name, bound)
+}
+
+// takeWithin acquires name with a locker from newLocker, retrying on
+// contention for up to bound.
+func takeWithin(t testing.TB, newLocker func() lock.Locker, name string, bound time.Duration) lock.Holder {
+	t.Helper()
+	var h lock.Holder
+	var err error
+	free := testenv.Poll(bound, func() bool {
+		h, err = newLocker().Acquire(ctxT(t), name)
+		return !errors.Is(err, lock.ErrLocked)
+	})
+	if !free || err != nil {
+		t.Fatalf("name not free %v after its lock was lost or ended: %v", bound, err)
 	}
+	return h
 }
 
 // backendSpy returns a locker that records the holder it hands out.
@@ -1172,14 +1256,14 @@ func (r *recorder) Observe(_ context.Context, e lock.Event) {
 
 // wait returns the events once there are n, or what there is after d.
 func (r *recorder) wait(n int, d time.Duration) []lock.Event {
-	for deadline := time.Now().Add(d); ; time.Sleep(time.Millisecond) {
+	var got []lock.Event
+	testenv.Poll(d, func() bool {
 		r.mu.Lock()
-		got := append([]lock.Event(nil), r.events...)
+		got = append([]lock.Event(nil), r.events...)
 		r.mu.Unlock()
-		if len(got) >= n || time.Now().After(deadline) {
-			return got
-		}
-	}
+		return len(got) >= n
+	})
+	return got
 }
 
 // observer: each Acquire (taken or refused), Extend, Release and loss
@@ -1338,13 +1422,9 @@ func (s *suite) leaks(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		cycle()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines after release, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testenv.Poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after release, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
 	}
 }
 

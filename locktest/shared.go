@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 // shared runs the checks of lock.WithShared: on a backend that claims
@@ -187,20 +188,21 @@ func (s *suite) sharedWriterPreference(t *testing.T) {
 func (s *suite) turnedAway(t *testing.T, name string) {
 	t.Helper()
 	l := s.New(t, lock.WithShared())
-	deadline := time.Now().Add(10 * time.Second)
-	for n := 1; ; n++ {
+	n := 0
+	refused := testenv.Poll(10*time.Second, func() bool {
 		h, err := l.Acquire(ctxT(t), name)
 		switch {
 		case errors.Is(err, s.ErrLocked) && errors.Is(err, lock.ErrLocked):
-			return
+			return true
 		case err != nil:
 			t.Fatalf("a new reader while a writer waits: %v; want ErrLocked", err)
 		}
+		n++
 		s.mustRelease(t, h)
-		if time.Now().After(deadline) {
-			t.Fatalf("a new reader got the lock %d times in 10s while a writer waited; want ErrLocked (writer preference)", n)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return false
+	})
+	if !refused {
+		t.Fatalf("a new reader got the lock %d times in 10s while a writer waited; want ErrLocked (writer preference)", n)
 	}
 }
 

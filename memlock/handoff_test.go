@@ -2,10 +2,10 @@ package memlock_test
 
 import (
 	"context"
-	"runtime"
 	"testing"
 	"time"
 
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/memlock"
 )
 
@@ -51,9 +51,7 @@ func TestLossPrecedesHandoff(t *testing.T) {
 					w.Release() // before reporting, so the next round finds the name free
 					early <- open
 				}()
-				for f.Waiting("h") == 0 {
-					runtime.Gosched()
-				}
+				testenv.Eventually(t, 10*time.Second, "the waiter queued", func() bool { return f.Waiting("h") > 0 })
 				if how == "ttl" {
 					clock.Advance(time.Second)
 				} else {

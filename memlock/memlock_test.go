@@ -3,12 +3,11 @@ package memlock_test
 import (
 	"context"
 	"errors"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/locktest"
 	"github.com/ubgo/lock/memlock"
 )
@@ -28,6 +27,7 @@ func TestConformance(t *testing.T) {
 		Lister:      func(testing.TB) lock.Lister { return f },
 		Lose:        func(t testing.TB, h lock.Holder) { f.ForceLoss(h.(*memlock.Holder).Name()) },
 		Waiting:     f.Waiting,
+		FIFO:        func(_ testing.TB, opts ...lock.Option) lock.Locker { return f.AsLocker(opts...) },
 		// A factory is a store of its own: the closed one shares nothing
 		// with f.
 		NewFactory: func(_ testing.TB, opts ...lock.Option) locktest.Factory { return memlock.NewFactory(opts...) },
@@ -81,43 +81,6 @@ func TestManualClockExpiresLease(t *testing.T) {
 	h2.Release()
 }
 
-func TestWaitIsFIFO(t *testing.T) {
-	f := memlock.NewFactory()
-	ctx := context.Background()
-	h, _ := f.Acquire(ctx, "q")
-	var mu sync.Mutex
-	var order []int
-	var wg sync.WaitGroup
-	for i := 0; i < 5; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w, err := f.Acquire(ctx, "q", memlock.WithWait())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		}()
-		// Wait until waiter i is queued before starting the next.
-		for queued(f, "q") < i+1 {
-			time.Sleep(time.Millisecond)
-		}
-	}
-	h.Release()
-	wg.Wait()
-	for i, v := range order {
-		if v != i {
-			t.Fatalf("hand-off order %v, want FIFO", order)
-		}
-	}
-}
-
-func queued(f *memlock.Factory, name string) int { return f.Waiting(name) }
-
 func TestForceLossCancelsWithLock(t *testing.T) {
 	f := memlock.NewFactory()
 	err := f.WithLock(context.Background(), "w", func(ctx context.Context) error {
@@ -161,9 +124,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			got <- w
 		}()
-		for f.Waiting("pp") == 0 {
-			runtime.Gosched()
-		}
+		testenv.Eventually(b, 10*time.Second, "the waiter queued", func() bool { return f.Waiting("pp") > 0 })
 		start := time.Now()
 		h.Release()
 		h = <-got

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -138,7 +139,7 @@ func BenchmarkHandoff(b *testing.B) {
 					}
 					got <- now
 				}()
-				waitForWaiterB(b, pool, name)
+				waitForWaiter(b, pool, name)
 				b.StartTimer()
 				t0 := time.Now()
 				h.Release()
@@ -149,23 +150,6 @@ func BenchmarkHandoff(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 			b.ReportMetric(float64(lat[len(lat)*9/10].Microseconds()), "p90-µs")
 		})
-	}
-}
-
-func waitForWaiterB(b *testing.B, pool *pgxpool.Pool, name string) {
-	for i := 0; ; i++ {
-		var n int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM (`+waiterPIDs+`) w`, name).Scan(&n)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if n > 0 {
-			return // blocked in Postgres, or marked and about to retry once
-		}
-		if i > 10000 {
-			b.Fatal("waiter never registered")
-		}
-		time.Sleep(100 * time.Microsecond)
 	}
 }
 
@@ -248,18 +232,14 @@ func runContended(b *testing.B, mon *pgxpool.Pool, n, total int, mk func(pool fu
 		p.Close()
 	}
 	b.StopTimer()
-	for i := 0; ; i++ {
-		var left int
+	var left int
+	if !testenv.Poll(30*time.Second, func() bool {
 		if err := mon.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'", app).Scan(&left); err != nil {
 			b.Fatal(err)
 		}
-		if left == 0 {
-			break
-		}
-		if i > 3000 {
-			b.Fatalf("%d backends of the run still there", left)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return left == 0
+	}) {
+		b.Fatalf("%d backends of the run still there", left)
 	}
 	r.xacts = xacts() - x0
 	b.StartTimer()

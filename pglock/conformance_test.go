@@ -15,21 +15,23 @@ import (
 
 func TestConformance(t *testing.T) {
 	pool := newPool(t)
-	runConformance(t, pool, pool)
+	runConformance(t, pool, pool, true)
 }
 
 // TestConformanceNoWaitSessions runs the suite with every waiter retrying
 // on notifications (WithWaitSessions(0)): writers that wait so keep
-// readers out by the intent key, not by Postgres's queue.
+// readers out by the intent key, not by Postgres's queue, and are not
+// served in order.
 func TestConformanceNoWaitSessions(t *testing.T) {
 	pool := newPool(t)
-	runConformance(t, pool, pool, pglock.WithWaitSessions(0))
+	runConformance(t, pool, pool, false, pglock.WithWaitSessions(0))
 }
 
 // runConformance runs the suite on factories of pool with opts; direct
 // reaches the same server without a pooler in between (to end a holder's
-// backend).
-func runConformance(t *testing.T, pool, direct *pgxpool.Pool, opts ...pglock.Option) {
+// backend, to see Postgres's queue). fifo: waiting writers block in
+// Postgres's queue of the key, which serves them in order.
+func runConformance(t *testing.T, pool, direct *pgxpool.Pool, fifo bool, opts ...pglock.Option) {
 	// Lockers from three factories: two New calls contend through
 	// Postgres when they land on different factories and through the
 	// in-process table when they land on the same one.
@@ -40,7 +42,7 @@ func runConformance(t *testing.T, pool, direct *pgxpool.Pool, opts ...pglock.Opt
 		fs = append(fs, f)
 	}
 	var n atomic.Int32
-	locktest.Run(t, locktest.Backend{
+	b := locktest.Backend{
 		New: func(t testing.TB, opts ...lock.Option) lock.Locker {
 			return fs[int(n.Add(1))%len(fs)].AsLocker(opts...)
 		},
@@ -78,5 +80,24 @@ func runConformance(t *testing.T, pool, direct *pgxpool.Pool, opts ...pglock.Opt
 			return f
 		},
 		Name: "pglock",
-	})
+	}
+	if fifo {
+		// Postgres serves its queue in order, and a factory its own
+		// waiters: each waiter on a factory of its own, as a process.
+		b.FIFO = func(t testing.TB, lopts ...lock.Option) lock.Locker {
+			f := pglock.NewFactory(pool, append([]pglock.Option{pglock.WithLogger(nil)}, opts...)...)
+			t.Cleanup(func() { f.Close() })
+			return f.AsLocker(lopts...)
+		}
+		b.Queued = func(name string) int {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var n int
+			if err := direct.QueryRow(ctx, `SELECT count(*) FROM (`+waiterPIDs+`) w`, name).Scan(&n); err != nil {
+				return 0
+			}
+			return n
+		}
+	}
+	locktest.Run(t, b)
 }

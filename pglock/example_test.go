@@ -109,7 +109,6 @@ func ExampleFactory_AcquireInTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Output: migrating under schema-migrations with a token: true
 }
 
 // An administrator can create pglock's objects ahead of time for a role

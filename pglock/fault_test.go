@@ -22,18 +22,6 @@ import (
 	"github.com/ubgo/lock/pglock"
 )
 
-// eventually polls cond until it holds, failing after d.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func acquired(t testing.TB, f *pglock.Factory, name string) bool {
 	h, err := f.Acquire(ctxT(t), name)
 	if err != nil {
@@ -95,7 +83,7 @@ func TestTerminatedSessionLosesEveryHolder(t *testing.T) {
 	// The server tells the client before its backend has exited and let
 	// go of the locks: they are free moments later, not at once.
 	for i := range hs {
-		eventually(t, 15*time.Second, fmt.Sprintf("lock %d free after its session ended", i), func() bool {
+		testenv.Eventually(t, 15*time.Second, fmt.Sprintf("lock %d free after its session ended", i), func() bool {
 			return acquired(t, other, fmt.Sprint(base, "/", i))
 		})
 	}
@@ -146,7 +134,7 @@ func TestSIGKILLFreesLock(t *testing.T) {
 	}
 	cmd.Wait()
 	var h *pglock.Holder
-	eventually(t, 20*time.Second, "lock freed after SIGKILL", func() bool {
+	testenv.Eventually(t, 20*time.Second, "lock freed after SIGKILL", func() bool {
 		var err error
 		h, err = f.Acquire(ctxT(t), name)
 		return err == nil
@@ -381,7 +369,7 @@ func TestNetworkCut(t *testing.T) {
 		t.Logf("Release during the cut: %v", err)
 	}
 	for _, n := range []string{name, name + "/released"} {
-		eventually(t, 15*time.Second, "lock freed after the session was closed", func() bool { return acquired(t, other, n) })
+		testenv.Eventually(t, 15*time.Second, "lock freed after the session was closed", func() bool { return acquired(t, other, n) })
 	}
 	t.Logf("locks free %v after the cut", time.Since(cutAt))
 }
@@ -573,7 +561,7 @@ func TestWaiterConnectionDropped(t *testing.T) {
 		}
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, direct, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, direct, name) == 1 })
 	p.drop()
 	select {
 	case err := <-got:

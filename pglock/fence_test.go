@@ -197,22 +197,15 @@ func TestFenceTx(t *testing.T) {
 // waitBlocked waits until a backend waits for a lock in a statement on table.
 func waitBlocked(t testing.TB, pool *pgxpool.Pool, table string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "the second writer waiting for the fence row", func() bool {
 		var n int
 		err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, table).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the second writer never waited for the fence row")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return n > 0
+	})
 }
 
 // A role that may not create the tables gets an error that says what to

@@ -110,12 +110,8 @@ func TestIdleSessionsClose(t *testing.T) {
 		defer f.mu.Unlock()
 		return f.health == nil
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for f.open.Load() != 0 || !stopped() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10 s: %d sessions open, health checks stopped: %v", f.open.Load(), stopped())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testenv.Poll(10*time.Second, func() bool { return f.open.Load() == 0 && stopped() }) {
+		t.Fatalf("after 10 s: %d sessions open, health checks stopped: %v", f.open.Load(), stopped())
 	}
 	// And it opens again on demand.
 	h, err = f.Acquire(ctx, t.Name())
@@ -154,12 +150,7 @@ func idleAfterWait(t *testing.T, ws int) {
 		}
 		got <- err
 	}()
-	for start := time.Now(); f.Waiting(t.Name()) == 0; {
-		if time.Since(start) > 30*time.Second {
-			t.Fatal("the Acquire did not wait")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "the Acquire waiting", func() bool { return f.Waiting(t.Name()) > 0 })
 	h.Release()
 	if err := <-got; err != nil {
 		t.Fatal(err)
@@ -171,14 +162,11 @@ func idleAfterWait(t *testing.T, ws int) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for n := conns(); n != 0; n = conns() {
-		if time.Now().After(deadline) {
-			var last string
-			pool.QueryRow(ctx, "SELECT string_agg(query, ' | ') FROM pg_stat_activity WHERE application_name = $1", app).Scan(&last)
-			t.Fatalf("%d connections of an idle factory still open 30s after its last wait (last queries: %s)", n, last)
-		}
-		time.Sleep(20 * time.Millisecond)
+	n := 0
+	if !testenv.Poll(30*time.Second, func() bool { n = conns(); return n == 0 }) {
+		var last string
+		pool.QueryRow(ctx, "SELECT string_agg(query, ' | ') FROM pg_stat_activity WHERE application_name = $1", app).Scan(&last)
+		t.Fatalf("%d connections of an idle factory still open 30s after its last wait (last queries: %s)", n, last)
 	}
 }
 

@@ -146,7 +146,7 @@ func TestPgBouncerTransactionModeRefusedConcurrently(t *testing.T) {
 // disconnects, which is all session locks need: the conformance suite
 // passes through it.
 func TestPgBouncerSessionModeConformance(t *testing.T) {
-	runConformance(t, bouncerPool(t, "session"), newPool(t))
+	runConformance(t, bouncerPool(t, "session"), newPool(t), true)
 }
 
 // Through session pooling, a factory's Close frees its locks on the server:
@@ -165,13 +165,7 @@ func TestPgBouncerSessionModeCloseFrees(t *testing.T) {
 		t.Fatalf("held by %v; want backend %d", pids, h.BackendPID())
 	}
 	f.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(heldBy(t, direct, name)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the lock is still held on the server 30s after Close")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "the lock freed on the server after Close", func() bool { return len(heldBy(t, direct, name)) == 0 })
 	h2, err := newFactory(t, pool).Acquire(ctxT(t), name)
 	if err != nil {
 		t.Fatalf("Acquire after Close: %v", err)

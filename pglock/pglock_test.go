@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -326,24 +327,11 @@ const waiterPIDs = `SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' A
 	AND ((l.mode = 'ShareLock' AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('w', '', $1))
 		OR (NOT l.granted AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('m', '', $1)))`
 
-// waitForWaiter returns once some session waits for name.
+// waitForWaiter returns once some session waits for name: blocked in
+// Postgres, or marked and about to retry once.
 func waitForWaiter(t testing.TB, pool *pgxpool.Pool, name string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM (`+waiterPIDs+`) w`, name).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no waiter registered")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "a waiter registered", func() bool { return waiters(t, pool, name) > 0 })
 }
 
 func TestInspectReportsSession(t *testing.T) {
@@ -539,7 +527,7 @@ func TestWaiterSurvivesSessionLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		terminate(t, pool, uint32(pid))
-		eventually(t, 20*time.Second, "waiter waiting on a new session", func() bool {
+		testenv.Eventually(t, 20*time.Second, "waiter waiting on a new session", func() bool {
 			var n int
 			pool.QueryRow(ctxT(t), `SELECT count(*) FROM (`+waiterPIDs+`) w WHERE pid <> $2`, name, pid).Scan(&n)
 			return n > 0

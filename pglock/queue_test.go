@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -44,17 +45,11 @@ func queuedModes(t testing.TB, pool *pgxpool.Pool, name string) []string {
 // untilQueued returns once n requests for name wait in Postgres's queue.
 func untilQueued(t testing.TB, pool *pgxpool.Pool, name string, n int) []string {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		modes := queuedModes(t, pool, name)
-		if len(modes) >= n {
-			return modes
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 30s %d requests for %q wait in Postgres's queue (%v); want %d", len(modes), name, modes, n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var modes []string
+	if !testenv.Poll(30*time.Second, func() bool { modes = queuedModes(t, pool, name); return len(modes) >= n }) {
+		t.Fatalf("after 30s %d requests for %q wait in Postgres's queue (%v); want %d", len(modes), name, modes, n)
 	}
+	return modes
 }
 
 type queuedResult struct {
@@ -172,13 +167,7 @@ func TestReaderGivesWayToNotifiedWriter(t *testing.T) {
 	wf := newFactory(t, pool, pglock.WithWaitSessions(0), pglock.WithPollInterval(20*time.Millisecond))
 	w := acquireAsync(ctx, wf, name)
 	// The writer marks the name and takes the intent key.
-	deadline := time.Now().Add(30 * time.Second)
-	for intentHolders(t, pool, name) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no intent key held after 30s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "the intent key held", func() bool { return intentHolders(t, pool, name) > 0 })
 	rf := newFactory(t, pool)
 	if h, err := rf.Acquire(ctx, name, lock.WithShared()); !errors.Is(err, pglock.ErrLocked) {
 		if err == nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -92,7 +93,7 @@ func TestTenThousandLocksFewConnections(t *testing.T) {
 	}
 	// Close closes the sessions' connections; Postgres frees their locks
 	// as each backend exits, a moment later.
-	eventually(t, 30*time.Second, "every lock freed after Close", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every lock freed after Close", func() bool {
 		_, locks := connections(t, pool, app)
 		return locks == 0
 	})

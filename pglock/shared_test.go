@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -36,7 +37,7 @@ func TestKilledSharedHolder(t *testing.T) {
 				}
 				got <- err
 			}()
-			eventually(t, 30*time.Second, "the writer waiting", func() bool { return writers.Waiting(name) > 0 })
+			testenv.Eventually(t, 30*time.Second, "the writer waiting", func() bool { return writers.Waiting(name) > 0 })
 			terminate(t, pool, r.BackendPID())
 			select {
 			case <-r.Done():

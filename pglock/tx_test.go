@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ubgo/lock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/pglock"
 )
 
@@ -39,21 +40,14 @@ func usable(t testing.TB, tx pgx.Tx) {
 // mutex key (a lock not granted).
 func txWaiting(t testing.TB, direct *pgxpool.Pool, name string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "a transaction waiting for the name", func() bool {
 		var n int
 		if err := direct.QueryRow(ctxT(t), `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1
 			AND NOT l.granted AND (l.classid::int8 << 32) | l.objid::int8 = public.pglock_key('m', '', $1)`, name).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no transaction waits for the name")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return n > 0
+	})
 }
 
 // AcquireInTx through PgBouncer in transaction mode, the setup it is for:

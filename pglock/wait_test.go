@@ -108,45 +108,6 @@ func TestWaitStatementsPerAcquisition(t *testing.T) {
 	}
 }
 
-// Waiters of different factories get the lock in the order they began to
-// wait: Postgres queues them on the key and grants the longest waiting.
-func TestWaitFIFOAcrossFactories(t *testing.T) {
-	pool := newPool(t)
-	name := uniq(t)
-	h, err := newFactory(t, pool).Acquire(ctxT(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 6
-	var (
-		mu    sync.Mutex
-		order []int
-		wg    sync.WaitGroup
-	)
-	for i := range n {
-		f := newFactory(t, newPool(t), pglock.WithPollInterval(time.Hour))
-		wg.Go(func() {
-			w, err := f.Acquire(ctxT(t), name, pglock.WithWait())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		})
-		eventually(t, 20*time.Second, fmt.Sprintf("waiter %d waiting", i), func() bool { return waiters(t, pool, name) == i+1 })
-	}
-	h.Release()
-	wg.Wait()
-	for i, got := range order {
-		if got != i {
-			t.Fatalf("waiters got the lock in the order %v; want the order they came in", order)
-		}
-	}
-}
-
 // A waiting process killed with SIGKILL while blocked leaves the queue with
 // its connection: the next waiter gets the lock at the release, and once
 // every holder released nothing of the name is left in pg_locks.
@@ -179,7 +140,7 @@ func TestSIGKILLWhileWaiting(t *testing.T) {
 	for sc.Scan() && !strings.HasPrefix(sc.Text(), "WAITING") {
 	}
 	go io.Copy(io.Discard, out)
-	eventually(t, 20*time.Second, "child waiting", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "child waiting", func() bool { return waiters(t, pool, name) == 1 })
 	// A waiter behind the child, in this process.
 	got := make(chan error, 1)
 	go func() {
@@ -189,12 +150,12 @@ func TestSIGKILLWhileWaiting(t *testing.T) {
 		}
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "second waiter waiting", func() bool { return waiters(t, pool, name) == 2 })
+	testenv.Eventually(t, 20*time.Second, "second waiter waiting", func() bool { return waiters(t, pool, name) == 2 })
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	cmd.Wait()
-	eventually(t, 20*time.Second, "the killed waiter gone from the queue", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "the killed waiter gone from the queue", func() bool { return waiters(t, pool, name) == 1 })
 	h.Release()
 	select {
 	case err := <-got:
@@ -204,7 +165,7 @@ func TestSIGKILLWhileWaiting(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the waiter behind a killed one did not get the lock at the release")
 	}
-	eventually(t, 20*time.Second, "no advisory lock of the name", func() bool { return advisoryOf(t, pool, name) == 0 })
+	testenv.Eventually(t, 20*time.Second, "no advisory lock of the name", func() bool { return advisoryOf(t, pool, name) == 0 })
 }
 
 // A blocked waiter whose context ends returns with a wait error and
@@ -226,7 +187,7 @@ func TestWaitCancelledLeavesNothing(t *testing.T) {
 		_, err := waiter.Acquire(ctx, name, pglock.WithWait())
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
 	cancel()
 	if err := <-got; !errors.Is(err, pglock.ErrLocked) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait = %v; want a wait error matching ErrLocked and context.Canceled", err)
@@ -255,7 +216,7 @@ func TestWaitCancelledLeavesNothing(t *testing.T) {
 			}
 			got <- err
 		}()
-		eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
+		testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
 		go cancel()
 		h.Release()
 		if err := <-got; err != nil && !errors.Is(err, context.Canceled) {
@@ -285,7 +246,7 @@ func TestCloseWhileBlocked(t *testing.T) {
 		_, err := f.Acquire(ctxT(t), name, pglock.WithWait())
 		got <- err
 	}()
-	eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
+	testenv.Eventually(t, 20*time.Second, "waiter blocked", func() bool { return waiters(t, pool, name) == 1 })
 	f.Close()
 	select {
 	case err := <-got:
@@ -295,7 +256,7 @@ func TestCloseWhileBlocked(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Close did not end the blocked wait")
 	}
-	eventually(t, 20*time.Second, "the closed factory gone from the queue", func() bool { return waiters(t, pool, name) == 0 })
+	testenv.Eventually(t, 20*time.Second, "the closed factory gone from the queue", func() bool { return waiters(t, pool, name) == 0 })
 	h.Release()
 	if n := advisoryOf(t, pool, name); n != 0 {
 		t.Fatalf("%d advisory locks of the name left after the release", n)

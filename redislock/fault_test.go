@@ -553,7 +553,21 @@ func TestServerRestart(t *testing.T) {
 		t.Fatalf("Err = %v", h.Err())
 	}
 	srv.start()
-	time.Sleep(1500 * time.Millisecond) // a renewal pass would have run by now
+	// Once the factory's renewal has run a pass on the restarted server
+	// (it renews a lock taken there), the lost holder would have been
+	// renewed or taken again, had it been.
+	probe, err := f.Acquire(ctx, uniq(t, "probe"), WithAutoRenew(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := func() time.Time {
+		f.rn.mu.Lock()
+		defer f.rn.mu.Unlock()
+		return probe.deadline
+	}
+	first := deadline()
+	testenv.Eventually(t, 10*time.Second, "a renewal pass after the restart", func() bool { return deadline().After(first) })
+	probe.Release()
 	info, err := f.Inspect(ctx, name)
 	if err != nil || len(info.Holders) != 0 {
 		t.Fatalf("after restart: %+v, %v; the lost holder must not take the lock again", info, err)

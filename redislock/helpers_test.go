@@ -56,6 +56,7 @@ type server struct {
 
 func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}
@@ -76,6 +77,7 @@ func freePort(t testing.TB) int {
 // startServerOn is startServer on a given port, which must be free.
 func startServerOn(t testing.TB, port int, extra ...string) *server {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}
@@ -103,19 +105,15 @@ func (s *server) start() {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
 	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var err error
+	if !testenv.Poll(10*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			s.t.Fatalf("private redis-server on %s did not start: %v", s.addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		defer cancel()
+		err = rdb.Ping(ctx).Err()
+		return err == nil
+	}) {
+		s.stop()
+		s.t.Fatalf("private redis-server on %s did not start: %v", s.addr(), err)
 	}
 }
 

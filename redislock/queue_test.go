@@ -53,48 +53,6 @@ type result2 struct {
 	at  time.Time
 }
 
-// Waiters of several factories are served in the order they queued, one
-// hand-off per release.
-func TestQueueFIFOAcrossFactories(t *testing.T) {
-	rdb := newClient(t)
-	f := testFactory(t, rdb)
-	ctx := ctxT(t)
-	name := uniq(t, "q")
-	h, err := f.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 5
-	var gots []<-chan result2
-	for i := range n {
-		_, got := acquireAsync(t, ctx, testenv.RedisAddr(), name, DefaultTTL)
-		gots = append(gots, got)
-		waitQueued(t, f, name, i+1)
-	}
-	h.Release()
-	last := h.Token()
-	for i, got := range gots {
-		r := <-got
-		if r.err != nil {
-			t.Fatalf("waiter %d: %v", i, r.err)
-		}
-		for j := i + 1; j < n; j++ {
-			select {
-			case r := <-gots[j]:
-				t.Fatalf("waiter %d got the lock (%v) while waiter %d, queued before it, held it", j, r.err, i)
-			default:
-			}
-		}
-		if r.h.Token() <= last {
-			t.Fatalf("waiter %d: token %d not above %d", i, r.h.Token(), last)
-		}
-		last = r.h.Token()
-		if err := r.h.Release(); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // childWaiter runs in a child process: it waits for the name, reporting
 // its factory's channel first.
 func childWaiter(addr, name string, ttl time.Duration) {

@@ -77,6 +77,13 @@ func runConformance(t *testing.T, a, b redis.UniversalClient) {
 			mu.Unlock()
 			return f
 		},
+		Breaker: func(testing.TB) locktest.Breaker { return fs[0] },
+		Fence:   func(testing.TB) lock.Fence { return NewFence(b, WithKeyPrefix(testPrefix)) },
+		// The queue is in the lock's value: New's lockers, of two
+		// factories, queue in it like processes.
+		FIFO: func(t testing.TB, opts ...lock.Option) lock.Locker {
+			return fs[n.Add(1)%2].AsLocker(opts...)
+		},
 		Name: "redislock",
 	})
 }
@@ -399,46 +406,6 @@ func TestCloseCleansUp(t *testing.T) {
 		t.Fatalf("%d subscribers left after Close", n)
 	}
 }
-
-// Waiters of one process are served in arrival order.
-func TestWaitFIFOInProcess(t *testing.T) {
-	rdb := newClient(t)
-	f := testFactory(t, rdb)
-	ctx := ctxT(t)
-	name := uniq(t, "q")
-	h, err := f.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var order []int
-	var wg sync.WaitGroup
-	for i := 0; i < 5; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w, err := f.Acquire(ctx, name, WithWait())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			w.Release()
-		}()
-		testenv.Eventually(t, 10*time.Second, "waiter queued", func() bool { return f.waiting(h.k.channel) == i+1 })
-	}
-	h.Release()
-	wg.Wait()
-	for i, v := range order {
-		if v != i {
-			t.Fatalf("hand-off order %v, want FIFO", order)
-		}
-	}
-}
-
-func (f *Factory) waiting(ch string) int { return f.hub.waiting(ch) }
 
 // A permit that expires (its holder died) is found by a waiter through the
 // polling fallback, without a release notification.

@@ -29,6 +29,7 @@ const sentinelMaster = "ubgo-lock"
 // the primary on port primary, with a quorum of two.
 func startSentinel(t *testing.T, primary int) string {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis sentinel")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}

@@ -115,49 +115,6 @@ func TestSharedWriterGivesUp(t *testing.T) {
 	r2.Release()
 }
 
-// Break frees a name's readers, and hands it to a writer waiting for them;
-// the readers learn of it at their next renewal.
-func TestBreakShared(t *testing.T) {
-	rdb := newClient(t)
-	f := testFactory(t, rdb, WithTTL(time.Second))
-	ctx := ctxT(t)
-	name := uniq(t, "x")
-	r, err := f.Acquire(ctx, name, WithShared())
-	if err != nil {
-		t.Fatal(err)
-	}
-	wf := testFactory(t, rdb, WithTTL(time.Minute))
-	type got struct {
-		h   *Holder
-		err error
-	}
-	wc := make(chan got, 1)
-	go func() {
-		h, err := wf.Acquire(ctx, name, WithWait())
-		wc <- got{h, err}
-	}()
-	waitJoined(t, wf, name, 1)
-	if err := testFactory(t, rdb).Break(ctx, name); err != nil {
-		t.Fatalf("Break: %v", err)
-	}
-	w := <-wc
-	if w.err != nil {
-		t.Fatalf("writer after Break: %v", w.err)
-	}
-	defer w.h.Release()
-	if w.h.Token() <= r.Token() {
-		t.Errorf("writer's token %d not above the broken reader's %d", w.h.Token(), r.Token())
-	}
-	select {
-	case <-r.Done():
-		if !errors.Is(r.Err(), ErrLockLost) {
-			t.Errorf("broken reader: Err %v; want ErrLockLost", r.Err())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("broken reader did not notice within 30s")
-	}
-}
-
 // A name is shared or a semaphore: a reader on a semaphore's name, and a
 // semaphore on a name held shared, are ErrLimitMismatch.
 func TestSharedModeMismatch(t *testing.T) {

@@ -25,6 +25,9 @@ var notFor = map[string]string{
 // a user who fetches it gets it: its go.mod must be complete, and the
 // unpublished modules find their siblings through their relative replaces.
 func TestCrossBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("vets every module for two other systems: minutes, not a -short run's seconds")
+	}
 	goBin, err := exec.LookPath("go") // go test puts its own go first on PATH
 	if err != nil {
 		t.Fatal(err)

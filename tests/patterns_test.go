@@ -138,10 +138,7 @@ func startLeaders(t *testing.T, tg target, n int, name string, opts ...lock.Opti
 				if !errors.Is(context.Cause(ctx), lock.ErrLockLost) {
 					return nil // shut down or stepped down: nothing in flight
 				}
-				deadline := time.Now().Add(bound)
-				for ls.fence.Highest("report") == epoch && time.Now().Before(deadline) {
-					time.Sleep(time.Millisecond)
-				}
+				testenv.Poll(bound, func() bool { return ls.fence.Highest("report") != epoch })
 				ls.stale <- ls.write(context.Background(), epoch)
 				return nil
 			}, lock.WithLeadRetry(10*time.Millisecond), lock.WithLeadLogger(nil))

@@ -156,38 +156,31 @@ func (r result) want(t *testing.T, code int, what string) {
 // returns its contents; it fails t after a generous deadline.
 func awaitFile(t *testing.T, name string) string {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if b, err := os.ReadFile(name); err == nil && len(b) > 0 {
-			return string(b)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not written within a minute", name)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	var b []byte
+	testenv.Eventually(t, time.Minute, name+": written", func() bool {
+		b, _ = os.ReadFile(name)
+		return len(b) > 0
+	})
+	return string(b)
 }
 
 // awaitContains waits until the file name contains every one of subs.
 func awaitContains(t *testing.T, name string, subs ...string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		b, _ := os.ReadFile(name)
-		missing := ""
+	var b []byte
+	missing := ""
+	if !testenv.Poll(time.Minute, func() bool {
+		b, _ = os.ReadFile(name)
+		missing = ""
 		for _, s := range subs {
 			if !strings.Contains(string(b), s) {
 				missing = s
 				break
 			}
 		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no %q within a minute; it holds:\n%s", name, missing, b)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return missing == ""
+	}) {
+		t.Fatalf("%s: no %q within a minute; it holds:\n%s", name, missing, b)
 	}
 }
 

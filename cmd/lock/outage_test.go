@@ -32,6 +32,7 @@ type privateRedis struct {
 
 func startPrivateRedis(t *testing.T) *privateRedis {
 	t.Helper()
+	testenv.SkipShort(t, "a private redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.Unavailable(t, "redis-server binary", err)
 	}
@@ -46,19 +47,16 @@ func startPrivateRedis(t *testing.T) *privateRedis {
 	t.Cleanup(s.kill)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var err error
+	if !testenv.Poll(10*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("private redis-server on %s did not start: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		defer cancel()
+		err = rdb.Ping(ctx).Err()
+		return err == nil
+	}) {
+		t.Fatalf("private redis-server on %s did not start: %v", addr, err)
 	}
+	return s
 }
 
 func (s *privateRedis) url() string { return "redis://" + s.addr + "/0" }
@@ -180,13 +178,7 @@ func TestRunWaitOutage(t *testing.T) {
 	url, name := s.url(), uniqueName(t)
 	holdLock(t, url, name, "--ttl", "2s")
 	_, end := startWatched(t, "run", "--backend", url, "-w", "2s", "-E", "0", name, "--", "sh", "-c", "echo ran")
-	deadline := time.Now().Add(time.Minute)
-	for inspectJSON(t, url, name).Waiting != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter is not queued within a minute")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the waiter queued", func() bool { return inspectJSON(t, url, name).Waiting == 1 })
 	killed := time.Now()
 	s.kill()
 	r, at := end()

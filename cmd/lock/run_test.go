@@ -255,22 +255,31 @@ func TestRunBadBackend(t *testing.T) {
 			t.Errorf("%s: stderr %q does not say the URL is bad", url, r.stderr)
 		}
 	}
+	// Each of these waits out its client's connect timeout: side by side.
 	closed := testenv.ClosedAddr(t)
-	for _, url := range []string{
-		"redis://" + closed + "/0",
-		"postgres://postgres@" + closed + "/test?sslmode=disable",
-		"etcd://" + closed,
-	} {
-		r := runLock(t, "run", "--backend", url, "x", "--", "true")
-		r.want(t, exitUnavailable, url)
-		if !strings.Contains(r.stderr, "unreachable") {
-			t.Errorf("%s: stderr %q does not say the server is unreachable", url, r.stderr)
+	t.Run("unreachable", func(t *testing.T) {
+		for service, url := range map[string]string{
+			"redis":    "redis://" + closed + "/0",
+			"postgres": "postgres://postgres@" + closed + "/test?sslmode=disable",
+			"etcd":     "etcd://" + closed,
+		} {
+			t.Run(service, func(t *testing.T) {
+				t.Parallel()
+				r := runLock(t, "run", "--backend", url, "x", "--", "true")
+				r.want(t, exitUnavailable, url)
+				if !strings.Contains(r.stderr, "unreachable") {
+					t.Errorf("%s: stderr %q does not say the server is unreachable", url, r.stderr)
+				}
+			})
 		}
-	}
-	r := runLock(t, "run", "--backend", "redis://u:secret@"+closed+"/0", "x", "--", "true")
-	if strings.Contains(r.stderr, "secret") {
-		t.Errorf("the password shows in %q", r.stderr)
-	}
+		t.Run("password", func(t *testing.T) {
+			t.Parallel()
+			r := runLock(t, "run", "--backend", "redis://u:secret@"+closed+"/0", "x", "--", "true")
+			if strings.Contains(r.stderr, "secret") {
+				t.Errorf("the password shows in %q", r.stderr)
+			}
+		})
+	})
 }
 
 // A command without its "--", a bad flag value, an unknown command: usage
@@ -309,13 +318,7 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for inspectJSON(t, url, name).Waiting != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter is not counted within a minute")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the waiter counted", func() bool { return inspectJSON(t, url, name).Waiting == 1 })
 	waiter.Process.Signal(syscall.SIGTERM)
 	r := wait(t, waiter, stdout, stderr, nil)
 	r.want(t, 128+int(syscall.SIGTERM), "waiter sent SIGTERM")

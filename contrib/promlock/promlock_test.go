@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ubgo/lock"
 	"github.com/ubgo/lock/contrib/promlock"
+	"github.com/ubgo/lock/internal/testenv"
 	"github.com/ubgo/lock/memlock"
 )
 
@@ -78,11 +79,7 @@ func queue(t *testing.T, ctx context.Context, f *memlock.Factory, name string) <
 		h, err := f.Acquire(ctx, name, memlock.WithWait())
 		ch <- acquired{h, err}
 	}()
-	for deadline := time.Now().Add(5 * time.Second); f.Waiting(name) == n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("Acquire did not queue within 5s")
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, "the Acquire queued", func() bool { return f.Waiting(name) != n })
 	return ch
 }
 
@@ -311,15 +308,11 @@ lock_held{backend="memlock",class="long-lived"} 1
 # TYPE lock_lost_total counter
 lock_lost_total{backend="memlock",class="job",reason="max_hold"} 1
 `
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := testutil.GatherAndCompare(reg, strings.NewReader(want), "lock_held", "lock_lost_total")
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond) // the max hold's timer
+	var err error
+	if !testenv.Poll(10*time.Second, func() bool { // the max hold's timer
+		err = testutil.GatherAndCompare(reg, strings.NewReader(want), "lock_held", "lock_lost_total")
+		return err == nil
+	}) {
+		t.Fatal(err)
 	}
 }

@@ -40,6 +40,9 @@ type list struct {
 var (
 	mu   sync.Mutex
 	hubs = map[string]*hub{}
+	// watching counts each directory's watches from their start to the
+	// end of their stop, which may follow the hub's retirement.
+	watching = map[string]int{}
 )
 
 // A Subscription is one waiting Acquire. Take Wake before each attempt and
@@ -70,7 +73,9 @@ func Subscribe(dir, esc string) *Subscription {
 	if h.subs++; h.subs == 1 {
 		h.gen++
 		if h.w == nil {
-			h.w = start(dir)
+			if h.w = start(dir); h.w != nil {
+				watching[dir]++
+			}
 		}
 	}
 	s := &Subscription{h: h, esc: esc, l: l, watched: h.w != nil}
@@ -145,7 +150,21 @@ func (h *hub) retire(gen int) {
 	mu.Unlock()
 	if w != nil {
 		w.stop() // outside mu: the watch's goroutine takes it to wake
+		mu.Lock()
+		if watching[h.dir]--; watching[h.dir] == 0 {
+			delete(watching, h.dir)
+		}
+		mu.Unlock()
 	}
+}
+
+// Watching reports whether this process watches dir, or is still closing
+// its watch (its inotify descriptor is open), so that tests can wait for
+// the watch of a directory nobody waits on to retire.
+func Watching(dir string) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return watching[dir] > 0
 }
 
 // Signal wakes the waiters of esc in dir in this process.

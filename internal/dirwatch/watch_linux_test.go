@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/ubgo/lock/internal/testenv"
 )
 
 func TestNameOf(t *testing.T) {
@@ -49,20 +51,24 @@ func TestFileEvents(t *testing.T) {
 	woken(t, ch, "a delete")
 }
 
-// The watch of a directory stops a moment after its last waiter leaves,
-// and a later waiter gets a new one.
+// The watch of a directory stops a moment after its last waiter leaves
+// (and Watching says so), and a later waiter gets a new one.
 func TestWatchRetires(t *testing.T) {
 	dir := t.TempDir()
 	s := Subscribe(dir, "job")
 	mu.Lock()
 	w := hubs[dir].w
 	mu.Unlock()
+	if !Watching(dir) {
+		t.Fatal("Watching is false while a waiter waits")
+	}
 	s.Close()
 	select {
 	case <-w.done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the watch outlived its last waiter")
 	}
+	testenv.Eventually(t, 10*time.Second, "Watching false once the watch stopped", func() bool { return !Watching(dir) })
 	s = Subscribe(dir, "job")
 	defer s.Close()
 	ch := s.Wake()

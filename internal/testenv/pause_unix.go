@@ -22,13 +22,7 @@ func Pause(t testing.TB, p *os.Process) {
 	if err := p.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !stopped(p.Pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d not stopped within 10s of SIGSTOP", p.Pid)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	Eventually(t, 10*time.Second, fmt.Sprintf("process %d stopped after SIGSTOP", p.Pid), func() bool { return stopped(p.Pid) })
 }
 
 // stopped reports whether every thread of process pid is stopped (state T

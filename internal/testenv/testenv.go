@@ -1,6 +1,14 @@
 // Package testenv is what the family's integration tests share: service
-// endpoints from the environment, the rule for missing services, and
-// helpers to run the test binary as a child process.
+// endpoints from the environment, the rule for missing services, the
+// one wait for a condition, and helpers to run the test binary as a child
+// process.
+//
+// go test -short runs every test that needs no server, and only those: a
+// test that needs one, shared (Need) or started by the test itself (a
+// private server to kill, a cluster), is skipped at once with a message,
+// without trying to reach it. Without -short a shared server that cannot
+// be reached skips its tests too, except where services are Required,
+// where it fails them.
 package testenv
 
 import (
@@ -8,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -71,12 +80,23 @@ func Ping(ctx context.Context, ping func(ctx context.Context) error) error {
 }
 
 // Need pings service and, when it does not answer, ends the test as
-// Unavailable says. Callers register the client's Close with t.Cleanup
-// first, so that a skipped test closes it too.
+// Unavailable says; under -short it skips the test without pinging.
+// Callers register the client's Close with t.Cleanup first, so that a
+// skipped test closes it too.
 func Need(t testing.TB, service string, ping func(ctx context.Context) error) {
 	t.Helper()
+	SkipShort(t, service)
 	if err := Ping(context.Background(), ping); err != nil {
 		Unavailable(t, service, err)
+	}
+}
+
+// SkipShort skips t under -short: it needs a server, which what names (a
+// shared service, or one the test starts: "a private redis-server").
+func SkipShort(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s; -short runs only the tests that need no server", what)
 	}
 }
 
@@ -129,14 +149,35 @@ func ClosedAddr(t testing.TB) string {
 // d: the family's one wait for a state the test cannot be signalled of (a
 // waiter queued in a store, a file written by a child). what says what
 // was awaited. d is a guard against a hang, not a timing target: give it
-// room on a loaded machine.
+// room on a loaded machine. A wait for something that has a channel (a
+// holder's Done, a result) receives from it instead.
 func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if !Poll(d, cond) {
+		t.Fatalf("%s: not within %v", what, d)
 	}
+}
+
+// Poll is Eventually for code that decides itself what a timeout means (a
+// harness that reports it, a test that wants the last error in its
+// message): it polls cond until it holds and reports whether it did
+// within d. For the first millisecond it only yields between looks (what
+// another goroutine is about to do shows at once), then sleeps 1ms, 2ms,
+// up to 16ms: no hammering of a server or of the machine for what takes
+// seconds.
+func Poll(d time.Duration, cond func() bool) bool {
+	start := time.Now()
+	var every time.Duration
+	for !cond() {
+		switch since := time.Since(start); {
+		case since > d:
+			return false
+		case since < time.Millisecond:
+			runtime.Gosched()
+		default:
+			every = min(max(2*every, time.Millisecond), 16*time.Millisecond)
+			time.Sleep(every)
+		}
+	}
+	return true
 }

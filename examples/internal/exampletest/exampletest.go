@@ -30,8 +30,10 @@ func Context(t testing.TB) context.Context {
 func Open(t testing.TB, backend string) *replica.Cluster {
 	t.Helper()
 	dir := ""
-	if replica.Service(backend) == "" {
+	if s := replica.Service(backend); s == "" {
 		dir = t.TempDir()
+	} else {
+		testenv.SkipShort(t, s)
 	}
 	c, err := replica.Open(Context(t), backend, dir)
 	if errors.Is(err, replica.ErrUnavailable) {
