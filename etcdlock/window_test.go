@@ -239,7 +239,6 @@ func TestFaultWaiterWatchCompacted(t *testing.T) {
 	if _, err := admin.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
 	p.setCut(false)
 	select {
 	case w := <-got:

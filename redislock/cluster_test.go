@@ -316,6 +316,21 @@ type pipelines struct {
 
 func (p *pipelines) onNode(c *redis.Client) { c.AddHook(pipelineHook{p, c.Options().Addr}) }
 
+// renewed reports whether every one of addrs saw at least passes
+// pipelines, carrying at least locks commands in all.
+func (p *pipelines) renewed(addrs []string, passes, locks int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	all := 0
+	for _, a := range addrs {
+		if p.n[a] < passes {
+			return false
+		}
+		all += p.cmds[a]
+	}
+	return all >= locks
+}
+
 func (p *pipelines) reset() (n, cmds map[string]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -408,7 +423,14 @@ func TestClusterRenewal10k(t *testing.T) {
 		}
 	}
 	pc.reset()
-	time.Sleep(2 * ttl) // about six renewal passes
+	addrs := make([]string, len(masters))
+	for i, m := range masters {
+		addrs[i] = m.addr()
+	}
+	// Until every lock was renewed once and each master saw three passes.
+	testenv.Eventually(t, 10*ttl, "three renewal passes on every master", func() bool {
+		return pc.renewed(addrs, 3, locks)
+	})
 	n, cmds := pc.reset()
 	for i, m := range masters {
 		scripts, all := evalCalls(t, admins[i])
@@ -417,7 +439,7 @@ func TestClusterRenewal10k(t *testing.T) {
 		t.Logf("master %d: %d pipelines, %d commands in them, %d scripts and %d commands counted by the server (%.0f per pipeline), %d keys",
 			i, p, cmds[m.addr()], scripts, all, float64(all)/float64(max(p, 1)), keys)
 		if p == 0 || scripts < locks/10 {
-			t.Errorf("master %d: %d pipelines, %d scripts in %v; the locks were not renewed there", i, p, scripts, 2*ttl)
+			t.Errorf("master %d: %d pipelines, %d scripts in %v; the locks were not renewed there", i, p, scripts, 10*ttl)
 		}
 		// A round trip per lock would be about a third of the locks'
 		// renewals each pass; one per pass is a handful per window.
