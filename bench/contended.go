@@ -397,20 +397,28 @@ func contenders(n int, mk func(i int) contender) []contender {
 	return cs
 }
 
+// warm takes and gives back the lock once per contender, alone: dials,
+// leases and watches are set up before anything is measured.
+func warm(ctx context.Context, cs []contender) error {
+	for _, ct := range cs {
+		if err := ct.lock(ctx); err != nil {
+			return err
+		}
+		if err := ct.unlock(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // runContended runs every contended case cfg.CRounds times in each
 // condition, rotating the order each round. The cases run one at a time,
 // never two at once: the servers' counters of one case's round must see
 // no other case's work.
 func runContended(ctx context.Context, cases []*contCase, cfg Config, sp *spinner, ctr *counters) {
 	for _, c := range cases {
-		// Warm up: every contender once, alone (dials, leases, watches).
-		for _, ct := range c.cs {
-			if c.err != nil {
-				break
-			}
-			if c.err = ct.lock(ctx); c.err == nil {
-				c.err = ct.unlock()
-			}
+		if c.err == nil { // a case that could not be built keeps its error
+			c.err = warm(ctx, c.cs)
 		}
 	}
 	for r := 0; r < cfg.CRounds; r++ {

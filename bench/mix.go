@@ -114,13 +114,8 @@ func opts(shared bool) []lock.Option {
 // rotating the order each round, one case at a time.
 func runMix(ctx context.Context, cases []*mixCase, cfg Config, sp *spinner) {
 	for _, c := range cases {
-		for _, ct := range append([]contender{c.writer}, c.readers...) {
-			if c.err != nil {
-				break
-			}
-			if c.err = ct.lock(ctx); c.err == nil {
-				c.err = ct.unlock()
-			}
+		if c.err == nil { // a case that could not be built keeps its error
+			c.err = warm(ctx, append([]contender{c.writer}, c.readers...))
 		}
 	}
 	for r := 0; r < cfg.CRounds; r++ {
