@@ -222,22 +222,7 @@ func (s *suite) breakSemaphore(t *testing.T) {
 		s.waitQueued(t, name, 1)
 	}
 	brk.Store(true)
-	s.mustBreak(t, name)
-	s.fenced(t, "after the break", name, nil, hs)
-	var w got
-	if s.Wait {
-		w, _ = s.granted(t, "the waiter after the break", []<-chan got{waiter})
-	} else {
-		w.h = s.mustAcquire(t, s.New(t, sem), name)
-	}
-	defer s.mustRelease(t, w.h)
-	for i, h := range hs {
-		if w.h.Token() <= h.Token() {
-			t.Errorf("new permit's token %d not above broken permit %d's %d", w.h.Token(), i, h.Token())
-		}
-		s.broken(t, fmt.Sprintf("broken permit %d", i), h, false)
-	}
-	s.heldBy(t, "after the break and one acquire", name, w.h)
+	s.breakAll(t, name, "permit", hs, waiter, sem)
 }
 
 // breakShared: Break frees every reader of a name held shared; a writer
@@ -261,22 +246,30 @@ func (s *suite) breakShared(t *testing.T) {
 		s.waitQueued(t, name, 1)
 	}
 	brk.Store(true)
+	s.breakAll(t, name, "reader", rs, writer)
+}
+
+// breakAll breaks name, held by hs (each a what), and checks what follows:
+// the fence refuses their tokens, the next holder — waiting, or a new
+// Acquire with opts where the backend does not wait — gets the name with a
+// token above theirs, and each of hs learns it lost the lock.
+func (s *suite) breakAll(t *testing.T, name, what string, hs []lock.Holder, waiter <-chan got, opts ...lock.Option) {
 	s.mustBreak(t, name)
-	s.fenced(t, "after the break", name, nil, rs)
+	s.fenced(t, "after the break", name, nil, hs)
 	var w got
 	if s.Wait {
-		w, _ = s.granted(t, "the writer after the break", []<-chan got{writer})
+		w, _ = s.granted(t, "the waiter after the break", []<-chan got{waiter})
 	} else {
-		w.h = s.mustAcquire(t, s.New(t), name)
+		w.h = s.mustAcquire(t, s.New(t, opts...), name)
 	}
 	defer s.mustRelease(t, w.h)
-	for i, r := range rs {
-		if w.h.Token() <= r.Token() {
-			t.Errorf("writer's token %d not above reader %d's %d", w.h.Token(), i, r.Token())
+	for i, h := range hs {
+		if w.h.Token() <= h.Token() {
+			t.Errorf("new holder's token %d not above broken %s %d's %d", w.h.Token(), what, i, h.Token())
 		}
-		s.broken(t, fmt.Sprintf("broken reader %d", i), r, false)
+		s.broken(t, fmt.Sprintf("broken %s %d", what, i), h, false)
 	}
-	s.heldBy(t, "after the readers' Release", name, w.h)
+	s.heldBy(t, "after the break and one acquire", name, w.h)
 }
 
 // breakFree: Break of a name nobody holds (never held, or released) says
